@@ -1,0 +1,106 @@
+import math
+
+import numpy as np
+import pytest
+
+from tinyloop.errors import RequestError
+from tinyloop.sampling import Sampler, SamplingParams
+
+
+def reference_kept(logits, temperature, top_k, top_p):
+    """Brute force: ids kept by top-k then top-p, and their probabilities."""
+    scores = [x / temperature for x in logits]
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    if top_k:
+        order = order[:top_k]
+    best = scores[order[0]]
+    weights = [math.exp(scores[i] - best) for i in order]
+    total = sum(weights)
+    probs = [w / total for w in weights]
+    kept, mass = [], 0.0
+    for i, p in zip(order, probs):
+        kept.append(i)
+        mass += p
+        if top_p < 1.0 and mass >= top_p:
+            break
+    return set(kept)
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_top_k_top_p_keep_exactly_the_reference_set(case):
+    rng = np.random.default_rng(case)
+    vocab = int(rng.integers(5, 60))
+    logits = rng.standard_normal(vocab) * 3
+    if case % 4 == 0:                       # ties at the cut-off
+        logits = np.round(logits)
+    top_k = int(rng.choice([0, 1, 3, vocab - 1, vocab, vocab + 5]))
+    top_p = float(rng.choice([1.0, 0.9, 0.5, 0.1, 1e-9]))
+    temperature = float(rng.choice([0.3, 1.0, 1.7]))
+    sampler = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=0), vocab)
+    probs = sampler.probabilities(logits)
+    assert set(np.flatnonzero(probs)) == reference_kept(list(logits), temperature, top_k, top_p)
+    assert abs(probs.sum() - 1.0) < 1e-12
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens():
+    rng = np.random.default_rng(0)
+    steps = [rng.standard_normal(50) for _ in range(40)]
+
+    def run(seed):
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=seed), 50)
+        return [sampler.sample(logits) for logits in steps]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_each_request_has_its_own_stream():
+    logits = np.zeros(1000)
+    a = Sampler(SamplingParams(temperature=1.0, seed=1), 1000)
+    b = Sampler(SamplingParams(temperature=1.0, seed=1), 1000)
+    first = [a.sample(logits) for _ in range(5)]
+    [Sampler(SamplingParams(temperature=1.0, seed=1), 1000).sample(logits) for _ in range(3)]
+    assert [b.sample(logits) for _ in range(5)] == first
+
+
+def test_greedy_is_argmax_and_uses_no_randomness():
+    sampler = Sampler(SamplingParams(temperature=0.0, seed=3), 4)
+    state = sampler.rng.bit_generator.state
+    assert sampler.sample(np.array([0.1, 2.0, 2.0, -1.0])) == 1      # tie -> lower id
+    assert sampler.rng.bit_generator.state == state
+
+
+def test_sampling_follows_the_distribution():
+    logits = np.log(np.array([0.5, 0.3, 0.2]))
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=0), 3)
+    counts = np.bincount([sampler.sample(logits) for _ in range(20000)], minlength=3)
+    assert np.all(np.abs(counts / 20000 - [0.5, 0.3, 0.2]) < 0.015)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
+    sampler = Sampler(SamplingParams(repetition_penalty=2.0), 4, prompt_ids=[0, 1])
+    sampler.observe(2)
+    out = sampler.penalized(np.array([4.0, -4.0, 1.0, 3.0]))
+    assert out.tolist() == [2.0, -8.0, 0.5, 3.0]
+
+
+def test_presence_and_frequency_penalties_follow_openai():
+    sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), 3, prompt_ids=[2])
+    for token in (0, 0, 1):
+        sampler.observe(token)
+    out = sampler.penalized(np.zeros(3))
+    assert out.tolist() == [-(0.5 + 2 * 0.25), -(0.5 + 0.25), 0.0]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("temperature", 2.5, r"temperature must be in \[0.0, 2.0\], got 2.5"),
+    ("temperature", float("nan"), "temperature must be a number"),
+    ("top_p", 0.0, r"top_p must be in \(0.0, 1.0\]"),
+    ("top_k", -1, "top_k must be an integer >= 0"),
+    ("repetition_penalty", 0.0, "repetition_penalty must be in"),
+    ("presence_penalty", 3.0, "presence_penalty must be in"),
+    ("seed", -1, "seed must be an integer"),
+])
+def test_invalid_parameters_say_what_is_allowed(field, value, message):
+    with pytest.raises(RequestError, match=message):
+        SamplingParams(**{field: value})

@@ -1,0 +1,2 @@
+"""TinyLoop: an inference server for weight-shared looped transformers."""
+__version__ = "0.1.0"

@@ -1,0 +1,139 @@
+"""The `tinyloop` command line."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import TinyLoopError
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loops", type=int, default=None,
+                        help="core loop count (default: the model's default_loops)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide/multiply logits of seen tokens (default 1.0 = off)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+
+
+def cmd_generate(args) -> int:
+    from .generate import GenerationRequest, generate
+    from .loader import load_model
+    from .sampling import SamplingParams
+    from .tokenizer import StreamingDetokenizer
+
+    loaded = load_model(args.model, args.device)
+    prompt_ids = loaded.tokenizer.encode(args.prompt)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              repetition_penalty=args.repetition_penalty, seed=args.seed)
+    request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
+                                sampling=sampling)
+    detok = StreamingDetokenizer(loaded.tokenizer)
+    out = sys.stdout
+    if args.echo:
+        out.write(args.prompt)
+    result = generate(loaded.model, request, on_token=lambda t: (out.write(detok.push(t)), out.flush()))
+    out.write(detok.flush() + "\n")
+    out.flush()
+    print(f"[{result.finish_reason}] prompt {result.prompt_tokens} tokens, completion "
+          f"{result.completion_tokens} tokens, loops {result.loops}, {result.wall_s * 1000:.0f} ms, "
+          f"prefill {result.prefill_s * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .modelfile import ModelFile
+    from .weights import validate_tensors
+
+    with ModelFile(args.model) as model_file:
+        validate_tensors(model_file)
+        c = model_file.config
+        print(f"file:           {model_file.path}")
+        print(f"format version: {model_file.metadata['format_version']}")
+        print(f"size:           {model_file.file_size / 2**20:.1f} MiB "
+              f"({len(model_file.tensor_names)} stored tensors, {len(model_file.weight_names())} weights)")
+        print(f"quantization:   {model_file.quant_summary()}")
+        for name, spec in sorted(model_file.quantization.items())[:1]:
+            print(f"  e.g. {name}: {spec['bits']}-bit, group {spec['group_size']}, "
+                  f"method {spec['method']}{', act-order' if spec.get('act_order') else ''}")
+        print(f"chat template:  {model_file.chat_template or '(none)'}")
+        print("config:")
+        for key, value in c.to_dict().items():
+            print(f"  {key}: {value}")
+        loops = args.loops or c.default_loops
+        c.check_loops(loops)
+        per_token = 2 * c.n_layer_instances(loops) * c.kv_dim * 4
+        print(f"KV cache at loops={loops}: {c.n_layer_instances(loops)} layer instances, "
+              f"{per_token} bytes per token (float32), "
+              f"{per_token * c.max_seq_len / 2**20:.1f} MiB at the full context of {c.max_seq_len}")
+    return 0
+
+
+def cmd_new_model(args) -> int:
+    import numpy as np
+
+    from .testmodels import PRESETS, make_test_model
+
+    if args.preset not in PRESETS:
+        raise TinyLoopError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
+    dtype = {"f32": np.float32, "f16": np.float16}[args.dtype]
+    config = make_test_model(args.output, args.preset, args.seed, dtype)
+    print(f"wrote {args.output}: preset {args.preset}, seed {args.seed}, "
+          f"{config.n_prelude}+{config.n_core}x{config.default_loops}+{config.n_coda} layers, "
+          f"dim {config.dim}, vocab {config.vocab_size}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .testmodels import PRESETS
+
+    parser = argparse.ArgumentParser(prog="tinyloop", description="TinyLoop: serve and run "
+                                     "weight-shared looped transformers.")
+    parser.add_argument("--version", action="version", version=f"tinyloop {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal",
+                       description="Generate text from PROMPT with MODEL, streaming it to stdout.")
+    p.add_argument("model", help="path of a .tinyloop model file")
+    p.add_argument("prompt", help="prompt text")
+    _add_sampling_args(p)
+    p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("info", help="print a model file's config, quantization and size",
+                       description="Print a .tinyloop file's config, quantization, tensors and size.")
+    p.add_argument("model", help="path of a .tinyloop model file")
+    p.add_argument("--loops", type=int, default=None, help="loops for the KV cache figures")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("new-model", help="write a seeded random test model",
+                       description="Write a seeded random looped model with a trained byte-level "
+                                   "BPE tokenizer. Presets: " + ", ".join(PRESETS))
+    p.add_argument("output", help="path of the .tinyloop file to write")
+    p.add_argument("--preset", default="tiny-looped", help="model shape (default tiny-looped)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="stored weight type")
+    p.set_defaults(func=cmd_new_model)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TinyLoopError as exc:
+        print(f"tinyloop: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

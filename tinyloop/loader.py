@@ -1,0 +1,34 @@
+"""Open a .tinyloop file and build everything needed to run it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .backend import Backend, select_backend
+from .model import LoopedTransformer
+from .modelfile import ModelFile
+from .tokenizer import Tokenizer
+from .weights import load_weights
+
+
+@dataclass
+class LoadedModel:
+    model: LoopedTransformer
+    tokenizer: Tokenizer
+    file: ModelFile
+    backend: Backend
+    load_s: float
+
+    @property
+    def config(self):
+        return self.model.config
+
+
+def load_model(path, device: str | None = None) -> LoadedModel:
+    start = time.perf_counter()
+    backend = select_backend(device)
+    model_file = ModelFile(path)
+    weights = load_weights(model_file, backend.xp)
+    tokenizer = Tokenizer(model_file.tokenizer_json, model_file.config.vocab_size)
+    model = LoopedTransformer(model_file.config, weights, backend.xp)
+    return LoadedModel(model, tokenizer, model_file, backend, time.perf_counter() - start)

@@ -1,0 +1,259 @@
+"""The `.tinyloop` model file: safetensors layout, TinyLoop metadata, memory-mapped reads.
+
+Layout (any safetensors reader can list the tensors):
+
+    u64 little-endian  header length N
+    N bytes            JSON header: {"__metadata__": {str: str}, name: {dtype, shape, data_offsets}}
+                       padded with spaces so the tensor bytes start 64-byte aligned
+    tensor bytes       each tensor at its data_offsets, relative to the end of the header
+
+`__metadata__` holds: format ("tinyloop"), format_version, config (JSON), tokenizer
+(tokenizer.json text), chat_template, quantization (JSON: weight name -> spec).
+A quantized weight `W` is stored as `W.qcodes` (uint8), `W.qscale`, `W.qmin` and,
+with act-order, `W.qperm` (see quant.py).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from .config import ModelConfig
+from .errors import ConfigError, ModelFileError
+from .quant import QuantizedTensor
+
+FORMAT_NAME = "tinyloop"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+DATA_ALIGNMENT = 64
+MAX_HEADER_BYTES = 256 * 1024 * 1024
+
+# safetensors dtype name -> numpy dtype. BF16 is kept as raw uint16 bits.
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32,
+          "I64": np.int64, "U8": np.uint8, "I8": np.int8}
+DTYPE_NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
+QUANT_PARTS = ("qcodes", "qscale", "qmin", "qperm")
+
+
+# ----------------------------------------------------------------------------- writing
+def write_model_file(path, config: ModelConfig, tensors: dict, tokenizer_json: str,
+                     chat_template: str = "", extra_metadata: dict | None = None) -> Path:
+    """Write tensors (numpy arrays or QuantizedTensor) and metadata to `path` atomically."""
+    path = Path(path)
+    arrays: dict[str, np.ndarray] = {}
+    quantization: dict[str, dict] = {}
+    for name, value in tensors.items():
+        if isinstance(value, QuantizedTensor):
+            quantization[name] = value.spec()
+            arrays[f"{name}.qcodes"] = value.codes
+            arrays[f"{name}.qscale"] = value.scale
+            arrays[f"{name}.qmin"] = value.min
+            if value.perm is not None:
+                arrays[f"{name}.qperm"] = np.asarray(value.perm, np.int32)
+        else:
+            arrays[name] = np.asarray(value)
+    metadata = {
+        "format": FORMAT_NAME,
+        "format_version": str(FORMAT_VERSION),
+        "config": orjson.dumps(config.to_dict()).decode(),
+        "tokenizer": tokenizer_json,
+        "chat_template": chat_template or "",
+        "quantization": orjson.dumps(quantization).decode(),
+    }
+    for key, value in (extra_metadata or {}).items():
+        metadata[key] = value if isinstance(value, str) else orjson.dumps(value).decode()
+
+    # Widest items first so every tensor sits at a multiple of its own item size.
+    order = sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n))
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name in order:
+        array = arrays[name]
+        if array.dtype not in DTYPE_NAMES:
+            raise ValueError(f"tensor {name}: dtype {array.dtype} cannot be stored")
+        header[name] = {"dtype": DTYPE_NAMES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    header_bytes = orjson.dumps(header)
+    padded = -(8 + len(header_bytes)) % DATA_ALIGNMENT
+    header_bytes += b" " * padded
+
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for name in order:
+            f.write(np.ascontiguousarray(arrays[name]).tobytes())
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- reading
+class ModelFile:
+    """A memory-mapped `.tinyloop` file. Tensors are read-only views of the map."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as exc:
+            raise ModelFileError(path, f"cannot open: {exc.strerror}") from None
+        try:
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    def _fail(self, problem: str):
+        raise ModelFileError(self.path, problem)
+
+    def _parse(self):
+        size = os.fstat(self._file.fileno()).st_size
+        self.file_size = size
+        if size < 8:
+            self._fail(f"file is {size} bytes, too short to be a model file")
+        (header_len,) = struct.unpack("<Q", self._file.read(8))
+        if header_len > MAX_HEADER_BYTES:
+            self._fail("does not start with a valid header length: not a .tinyloop/safetensors file")
+        if 8 + header_len > size:
+            self._fail(f"header says {header_len} bytes but only {size - 8} follow: "
+                       "the file is truncated or is not a .tinyloop file")
+        try:
+            header = orjson.loads(self._file.read(header_len))
+        except orjson.JSONDecodeError:
+            self._fail("header is not valid JSON: not a .tinyloop/safetensors file, or corrupt")
+        if not isinstance(header, dict):
+            self._fail("header is not a JSON object")
+        metadata = header.pop("__metadata__", None)
+        if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
+            self._fail("not a TinyLoop model file: the header has no '__metadata__.format = "
+                       "tinyloop' marker (a plain safetensors file? convert it first)")
+        version = metadata.get("format_version")
+        if not (isinstance(version, str) and version.isdigit() and int(version) in SUPPORTED_VERSIONS):
+            self._fail(f"format version {version!r} is not supported (this TinyLoop reads "
+                       f"{', '.join(map(str, SUPPORTED_VERSIONS))}); upgrade TinyLoop to read it")
+        self.metadata = metadata
+        self.data_start = 8 + header_len
+        data_size = size - self.data_start
+        self.entries: dict[str, tuple[np.dtype, tuple, int, int]] = {}
+        for name, entry in header.items():
+            self.entries[name] = self._check_entry(name, entry, data_size)
+
+        try:
+            self.config = ModelConfig.from_dict(orjson.loads(metadata.get("config", "null")))
+        except (orjson.JSONDecodeError, ConfigError, TypeError) as exc:
+            self._fail(f"invalid model config in header: {exc}")
+        self.tokenizer_json: str = metadata.get("tokenizer", "")
+        self.chat_template: str = metadata.get("chat_template", "")
+        try:
+            self.quantization: dict = orjson.loads(metadata.get("quantization", "{}"))
+        except orjson.JSONDecodeError:
+            self._fail("quantization metadata is not valid JSON")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+
+    def _check_entry(self, name, entry, data_size):
+        if not isinstance(entry, dict):
+            self._fail(f"tensor {name!r}: header entry is not an object")
+        dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype_name not in DTYPES:
+            self._fail(f"tensor {name!r}: unsupported dtype {dtype_name!r} "
+                       f"(supported: {', '.join(DTYPES)})")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            self._fail(f"tensor {name!r}: shape must be a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+            self._fail(f"tensor {name!r}: data_offsets must be [begin, end] with begin <= end")
+        dtype = np.dtype(DTYPES[dtype_name])
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offsets[1] - offsets[0] != expected:
+            self._fail(f"tensor {name!r}: shape {tuple(shape)} of {dtype_name} needs {expected} bytes, "
+                       f"data_offsets give {offsets[1] - offsets[0]}")
+        if offsets[1] > data_size:
+            self._fail(f"tensor {name!r} ends at byte {self.data_start + offsets[1]} but the file has "
+                       f"{self.file_size} bytes: the file is truncated")
+        if dtype_name == "BF16":
+            dtype = np.dtype(np.uint16)
+        return dtype, tuple(shape), offsets[0], dtype_name
+
+    # -- access -----------------------------------------------------------------------
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self.entries)
+
+    def weight_names(self) -> list[str]:
+        """Logical weight names: quantized weights once, without their part suffixes."""
+        names = []
+        for name in self.entries:
+            base, _, part = name.rpartition(".")
+            if part in QUANT_PARTS and base in self.quantization:
+                if part == "qcodes":
+                    names.append(base)
+            else:
+                names.append(name)
+        return names
+
+    def raw(self, name: str) -> np.ndarray:
+        """A read-only view of one stored tensor, without copying."""
+        if name not in self.entries:
+            self._fail(f"missing tensor {name!r}")
+        dtype, shape, begin, _ = self.entries[name]
+        count = int(np.prod(shape, dtype=np.int64))
+        if count == 0:
+            return np.zeros(shape, dtype)
+        return np.frombuffer(self._map, dtype=dtype, count=count,
+                             offset=self.data_start + begin).reshape(shape)
+
+    def stored_dtype(self, name: str) -> str:
+        return self.entries[name][3]
+
+    def get(self, name: str):
+        """A weight by logical name: an ndarray view, or a QuantizedTensor of views."""
+        spec = self.quantization.get(name)
+        if spec is None:
+            if name not in self.entries:
+                self._fail(f"missing tensor {name!r}")
+            array = self.raw(name)
+            if self.stored_dtype(name) == "BF16":
+                array = (array.astype(np.uint32) << 16).view(np.float32)
+            return array
+        perm = self.raw(f"{name}.qperm") if spec.get("act_order") else None
+        return QuantizedTensor(self.raw(f"{name}.qcodes"), self.raw(f"{name}.qscale"),
+                               self.raw(f"{name}.qmin"), int(spec["bits"]),
+                               int(spec["group_size"]), spec.get("method", "rtn"), perm)
+
+    def weight_shape(self, name: str) -> tuple:
+        spec = self.quantization.get(name)
+        if spec is not None:
+            return tuple(spec["shape"])
+        if name not in self.entries:
+            self._fail(f"missing tensor {name!r}")
+        return self.entries[name][1]
+
+    def quant_summary(self) -> str:
+        """One word for model_info.quant: fp32/fp16/bf16, or e.g. int4 when linears are quantized."""
+        if self.quantization:
+            bits = sorted({spec["bits"] for spec in self.quantization.values()})
+            return "+".join(f"int{b}" for b in bits)
+        kinds = {self.stored_dtype(n) for n in self.entries if n.endswith("weight")}
+        for name, label in (("F32", "fp32"), ("BF16", "bf16"), ("F16", "fp16")):
+            if kinds == {name}:
+                return label
+        return "mixed" if kinds else "none"
+
+    @property
+    def data_bytes(self) -> int:
+        return self.file_size - self.data_start
+
+    def close(self):
+        # Views into the map keep it alive; only close the file object itself.
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,21 @@
+"""Linear layers: y = x @ W (+ b), with W stored (in, out) for fast row products."""
+import numpy as np
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+           exact: bool = True) -> np.ndarray:
+    """x: (T, in), weight: (in, out), bias: (out,) -> (T, out) float32.
+
+    exact=True issues one matrix-vector product per row. OpenBLAS picks a different
+    summation order for a single row (gemv) than for a block of rows (gemm), and
+    different blockings for different row counts; a stacked (T, 1, in) @ (in, out)
+    product makes NumPy call gemv once per row, so each row's result is the same
+    whatever T is. exact=False is plain GEMM, for the prompt's prefill.
+    """
+    if exact:
+        out = (x[:, None, :] @ weight)[:, 0, :]          # (T, out)
+    else:
+        out = x @ weight                                  # (T, out)
+    if bias is not None:
+        out += bias
+    return out

@@ -1,0 +1,19 @@
+"""Row-wise normalisations over the last axis (each row independent of the others)."""
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x: (T, D), weight: (D,) -> (T, D)."""
+    mean_square = np.mean(x * x, axis=-1, keepdims=True)                 # (T, 1)
+    return x * (np.float32(1.0) / np.sqrt(mean_square + np.float32(eps))) * weight
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
+    """x: (T, D), weight/bias: (D,) -> (T, D)."""
+    mean = np.mean(x, axis=-1, keepdims=True)                             # (T, 1)
+    centered = x - mean
+    variance = np.mean(centered * centered, axis=-1, keepdims=True)       # (T, 1)
+    out = centered * (np.float32(1.0) / np.sqrt(variance + np.float32(eps))) * weight
+    if bias is not None:
+        out += bias
+    return out
