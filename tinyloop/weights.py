@@ -96,7 +96,6 @@ def validate_tensors(model_file: ModelFile) -> None:
             raise ModelFileError(model_file.path, f"tensor {name!r} has shape {tuple(stored)}, "
                                                   f"the model config needs {tuple(shape)}")
         if name in model_file.quantization:
-            spec = model_file.quantization[name]
             for part in ("qcodes", "qscale", "qmin"):
                 if f"{name}.{part}" not in model_file.entries:
                     raise ModelFileError(model_file.path, f"quantized tensor {name!r} lacks its {part} part")
@@ -114,7 +113,8 @@ def load_weights(model_file: ModelFile, xp=np) -> ModelWeights:
     c = model_file.config
     get = model_file.get
 
-    def vector(name):
+    def plain(name):
+        """A norm vector or embedding table, float32; None if the file has no such tensor."""
         return xp.asarray(_as_float32(get(name))) if name in model_file.entries else None
 
     def matrix_in_out(*names):
@@ -128,7 +128,7 @@ def load_weights(model_file: ModelFile, xp=np) -> ModelWeights:
         return xp.asarray(np.concatenate([_as_float32(get(f"{n}.bias")) for n in names]))
 
     def norm(prefix):
-        return (vector(f"{prefix}.weight"), vector(f"{prefix}.bias"))
+        return (plain(f"{prefix}.weight"), plain(f"{prefix}.bias"))
 
     layers = {}
     for stage, count in stage_sizes(c).items():
@@ -153,7 +153,7 @@ def load_weights(model_file: ModelFile, xp=np) -> ModelWeights:
     head_name = "embed.weight" if c.tied_head else "head.weight"
     return ModelWeights(
         embed=embed,
-        pos_embed=vector("pos_embed.weight") if c.positions == "learned" else None,
+        pos_embed=plain("pos_embed.weight") if c.positions == "learned" else None,
         layers=layers,
         final_norm=norm("final_norm"),
         head=matrix_in_out(head_name),
