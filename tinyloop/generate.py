@@ -9,11 +9,8 @@ from dataclasses import dataclass, field
 
 from .errors import RequestError
 from .model import LoopedTransformer
+from .output import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, TokenSink  # noqa: F401
 from .sampling import Sampler, SamplingParams
-
-FINISH_STOP = "stop"           # an end-of-sequence or stop token was generated
-FINISH_LENGTH = "length"       # max_tokens reached
-FINISH_CANCELLED = "cancelled"  # the caller's cancel flag was set
 
 
 @dataclass
@@ -37,6 +34,8 @@ class GenerationResult:
     prefill_s: float
     time_to_first_token_s: float | None
     stop_token_id: int | None = None
+    mode: str = "generate"
+    speculative: object | None = None   # SpeculativeStats for the speculative modes
 
     @property
     def tokens_per_second(self) -> float:
@@ -49,10 +48,10 @@ class GenerationResult:
         return steps / decode_s if decode_s > 0 and steps else 0.0
 
 
-def check_request(model: LoopedTransformer, request: GenerationRequest) -> int:
+def check_request(model: LoopedTransformer, request: GenerationRequest, loops: int | None = None) -> int:
     """Validate against the model; return the loop count to use."""
     c = model.config
-    loops = c.default_loops if request.loops is None else request.loops
+    loops = loops if loops is not None else (c.default_loops if request.loops is None else request.loops)
     c.check_loops(loops)
     if not request.prompt_ids:
         raise RequestError("prompt must contain at least one token", "prompt")
@@ -79,62 +78,47 @@ def stop_ids(model: LoopedTransformer, request: GenerationRequest) -> frozenset:
     return frozenset(eos) | frozenset(request.stop_token_ids)
 
 
-def generate(model: LoopedTransformer, request: GenerationRequest, on_token=None,
-             cancel=None) -> GenerationResult:
-    """Run one request to completion.
-
-    on_token(token_id) is called for each generated token (not the stop token).
-    cancel: an object with is_set() (threading.Event) or a callable returning bool;
-    it is checked before every step, so cancellation takes effect within one step.
-    """
-    start = time.perf_counter()
-    loops = check_request(model, request)
-    is_cancelled = _cancel_check(cancel)
-    prompt = list(request.prompt_ids)
-    n_prompt = len(prompt)
-    stops = stop_ids(model, request)
-    sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
-    cache = model.new_cache(n_prompt + request.max_tokens, loops)
-    tokens: list[int] = []
-    finish, stop_token, first_token_at, completion = FINISH_LENGTH, None, None, 0
-
-    prefill_s = 0.0
-    if is_cancelled():
-        finish = FINISH_CANCELLED
-    else:
-        logits = model.forward(prompt, range(n_prompt), cache, loops, exact=False, last_only=True)[0]
-        cache.length = n_prompt
-        prefill_s = time.perf_counter() - start
-        while True:
-            token = sampler.sample(model.to_host(logits))
-            completion += 1
-            if first_token_at is None:
-                first_token_at = time.perf_counter() - start
-            if token in stops:
-                finish, stop_token = FINISH_STOP, token
-                break
-            tokens.append(token)
-            sampler.observe(token)
-            if on_token is not None:
-                on_token(token)
-            if len(tokens) >= request.max_tokens:
-                break
-            if is_cancelled():
-                finish = FINISH_CANCELLED
-                break
-            position = cache.length
-            logits = model.forward([token], [position], cache, loops, exact=True)[0]
-            cache.length = position + 1
-
-    return GenerationResult(tokens=tokens, finish_reason=finish, prompt_tokens=n_prompt,
-                            completion_tokens=completion, loops=loops,
-                            wall_s=time.perf_counter() - start, prefill_s=prefill_s,
-                            time_to_first_token_s=first_token_at, stop_token_id=stop_token)
-
-
-def _cancel_check(cancel):
+def cancel_check(cancel):
+    """cancel: None, an object with is_set() (threading.Event), or a callable -> bool."""
     if cancel is None:
         return lambda: False
     if hasattr(cancel, "is_set"):
         return cancel.is_set
     return cancel
+
+
+def generate(model: LoopedTransformer, request: GenerationRequest, on_token=None,
+             cancel=None) -> GenerationResult:
+    """Run one request to completion.
+
+    on_token(token_id) is called for each generated token (not the stop token).
+    The cancel flag is checked before every step, so it takes effect within one step.
+    """
+    start = time.perf_counter()
+    loops = check_request(model, request)
+    is_cancelled = cancel_check(cancel)
+    prompt = list(request.prompt_ids)
+    n_prompt = len(prompt)
+    sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
+    sink = TokenSink(request.max_tokens, stop_ids(model, request), sampler, on_token, start)
+    cache = model.new_cache(n_prompt + request.max_tokens, loops)
+
+    prefill_s = 0.0
+    if is_cancelled():
+        sink.cancel()
+    else:
+        logits = model.forward(prompt, range(n_prompt), cache, loops, exact=False, last_only=True)[0]
+        cache.length = n_prompt
+        prefill_s = time.perf_counter() - start
+        while sink.push(sampler.sample(model.to_host(logits))):
+            if is_cancelled():
+                sink.cancel()
+                break
+            position = cache.length
+            logits = model.forward([sink.tokens[-1]], [position], cache, loops, exact=True)[0]
+            cache.length = position + 1
+
+    return GenerationResult(tokens=sink.tokens, finish_reason=sink.finish_reason, prompt_tokens=n_prompt,
+                            completion_tokens=sink.completion_tokens, loops=loops,
+                            wall_s=time.perf_counter() - start, prefill_s=prefill_s,
+                            time_to_first_token_s=sink.first_token_s, stop_token_id=sink.stop_token_id)

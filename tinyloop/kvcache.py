@@ -43,6 +43,11 @@ class KVCache:
         """(keys, values) of one slot, each (n_kv, capacity_padded, hd), as views."""
         return self.keys[slot], self.values[slot]
 
+    def copy_row(self, source: int, target: int) -> None:
+        """Copy one row of every slot (moving an accepted tree node to its position)."""
+        self.keys[:, :, target] = self.keys[:, :, source]
+        self.values[:, :, target] = self.values[:, :, source]
+
     def truncate(self, length: int) -> None:
         """Forget positions >= length (speculative rollback)."""
         if not 0 <= length <= self.length:

@@ -8,15 +8,45 @@
 
 Every executed layer instance owns one KV cache slot: prelude i -> i, core layer c at
 iteration l -> P + l*C + c, coda layer q -> coda_base + q (P + C*loops by default).
+A core slot does not depend on the total loop count, so a draft at few loops and a
+verify at more loops share the prelude and the first draft_loops iterations' slots.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import ops
 from .config import ModelConfig
 from .kvcache import KVCache
+from .ops import TreeRows
 from .weights import LayerWeights, ModelWeights
+
+
+@dataclass
+class Span:
+    """Where a forward's T new tokens sit.
+
+    positions: (T,) logical positions (RoPE / learned embeddings, causal visibility);
+    write_row: the cache row of the first token (the T tokens take consecutive rows);
+    tree: for draft-tree nodes, the rows of each node's path (None: row = position).
+    """
+    positions: np.ndarray
+    write_row: int
+    tree: TreeRows | None = None
+
+    @classmethod
+    def contiguous(cls, start: int, count: int) -> "Span":
+        return cls(np.arange(start, start + count), start)
+
+
+@dataclass
+class Trunk:
+    """Hidden states after the prelude and some core iterations, to resume later."""
+    hidden: object          # (T, D) after `iterations` core iterations
+    injected: object        # (T, D) the prelude output (input injection)
+    iterations: int
 
 
 class LoopedTransformer:
@@ -26,8 +56,8 @@ class LoopedTransformer:
         self.xp = xp
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
         if config.positions == "rope":
-            cos, sin = ops.rope_tables(config.max_seq_len, config.head_dim, config.rope_theta)
-            self.rope_cos, self.rope_sin = xp.asarray(cos), xp.asarray(sin)   # (max_seq, hd/2)
+            # (max_seq, hd/2) complex64
+            self.rope = xp.asarray(ops.rope_table(config.max_seq_len, config.head_dim, config.rope_theta))
 
     def to_host(self, array) -> np.ndarray:
         return array if self.xp is np else self.xp.asnumpy(array)
@@ -41,15 +71,11 @@ class LoopedTransformer:
     def core_slot(self, iteration: int, index: int) -> int:
         return self.config.n_prelude + iteration * self.config.n_core + index
 
-    # -- the pieces of the forward -----------------------------------------------------
-    def embed(self, tokens, positions):
-        """tokens, positions: (T,) int -> h: (T, D)."""
-        h = self.weights.embed[tokens]
-        if self.weights.pos_embed is not None:
-            h = h + self.weights.pos_embed[positions]
-        return h
+    def coda_base(self, loops: int) -> int:
+        return self.config.n_prelude + self.config.n_core * loops
 
-    def layer(self, weights: LayerWeights, h, positions, cache: KVCache, slot: int, exact: bool):
+    # -- one layer ----------------------------------------------------------------------
+    def layer(self, weights: LayerWeights, h, span: Span, cache: KVCache, slot: int, exact: bool):
         """One pre-norm transformer layer; writes this instance's keys/values. h: (T, D)."""
         c = self.config
         n_tokens = h.shape[0]
@@ -59,13 +85,17 @@ class LoopedTransformer:
         k = qkv[:, c.q_dim:c.q_dim + c.kv_dim].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         if c.positions == "rope":
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hd/2)
-            q = ops.apply_rope(q, cos, sin)
-            k = ops.apply_rope(k, cos, sin)
-        cache.write(slot, int(positions[0]), k, v)
+            rotation = self.rope[span.positions]                          # (T, hd/2)
+            q = ops.apply_rope(q, rotation)
+            k = ops.apply_rope(k, rotation)
+        cache.write(slot, span.write_row, k, v)
         keys, values = cache.slot(slot)
-        attend = ops.attention_exact if exact else ops.attention_bulk
-        attn = attend(q, keys, values, positions, self.scale)               # (T, H, hd)
+        if exact:
+            attn = ops.attention_exact(q, keys, values, span.positions, self.scale, span.tree)
+        else:
+            if span.tree is not None:
+                raise ValueError("draft trees need the exact attention path")
+            attn = ops.attention_bulk(q, keys, values, span.positions, self.scale)
         h = h + ops.linear(attn.reshape(n_tokens, c.q_dim), weights.out, weights.out_bias, exact)
 
         x = self._norm(h, weights.mlp_norm)
@@ -76,48 +106,52 @@ class LoopedTransformer:
             act = ops.gelu_tanh(up)
         return h + ops.linear(act, weights.down, weights.down_bias, exact)
 
-    def run_prelude(self, h, positions, cache, exact):
+    # -- the pieces of the forward -------------------------------------------------------
+    def trunk(self, tokens, span: Span, cache: KVCache, iterations: int, exact: bool = True) -> Trunk:
+        """Embed, prelude, and core iterations [0, iterations)."""
+        tokens = self.xp.asarray(tokens)
+        h = self.weights.embed[tokens]                                      # (T, D)
+        if self.weights.pos_embed is not None:
+            h = h + self.weights.pos_embed[span.positions]
         for i, weights in enumerate(self.weights.layers["prelude"]):
-            h = self.layer(weights, h, positions, cache, i, exact)
-        return h
+            h = self.layer(weights, h, span, cache, i, exact)
+        return self.resume(Trunk(h, h, 0), span, cache, iterations, exact)
 
-    def run_core(self, h, injected, positions, cache, first_iteration, last_iteration, exact):
-        """Core iterations [first_iteration, last_iteration). `injected` is the prelude output."""
-        for iteration in range(first_iteration, last_iteration):
+    def resume(self, trunk: Trunk, span: Span, cache: KVCache, iterations: int,
+               exact: bool = True) -> Trunk:
+        """Continue core iterations from trunk.iterations up to `iterations`."""
+        h = trunk.hidden
+        for iteration in range(trunk.iterations, iterations):
             if iteration > 0 and self.config.input_injection == "add":
-                h = h + injected
+                h = h + trunk.injected
             for i, weights in enumerate(self.weights.layers["core"]):
-                h = self.layer(weights, h, positions, cache, self.core_slot(iteration, i), exact)
-        return h
+                h = self.layer(weights, h, span, cache, self.core_slot(iteration, i), exact)
+        return Trunk(h, trunk.injected, max(iterations, trunk.iterations))
 
-    def run_coda(self, h, positions, cache, coda_base, exact):
+    def coda(self, h, span: Span, cache: KVCache, coda_base: int, exact: bool = True):
         for i, weights in enumerate(self.weights.layers["coda"]):
-            h = self.layer(weights, h, positions, cache, coda_base + i, exact)
+            h = self.layer(weights, h, span, cache, coda_base + i, exact)
         return h
 
-    def head(self, h, exact=True):
+    def head(self, h, exact: bool = True):
         """h: (T, D) -> logits (T, vocab) float32."""
         x = self._norm(h, self.weights.final_norm)
         return ops.linear(x, self.weights.head, None, exact)
 
-    # -- the whole forward -------------------------------------------------------------
+    # -- the whole forward ---------------------------------------------------------------
     def forward(self, tokens, positions, cache: KVCache, loops: int, *, exact: bool = True,
                 last_only: bool = False, coda_base: int | None = None):
-        """Run new tokens at `positions` through the model, writing their keys/values.
+        """Run new tokens at consecutive `positions` (rows = positions) through the model.
 
-        tokens, positions: (T,) int, positions consecutive. Returns logits (T, vocab),
-        or (1, vocab) for the last position with last_only. With exact=True the
-        result for each position is bitwise independent of T (see ops/__init__.py).
+        tokens, positions: (T,) int. Returns logits (T, vocab), or (1, vocab) for the
+        last position with last_only. With exact=True the result for each position is
+        bitwise independent of T (see ops/__init__.py).
         """
-        c = self.config
-        tokens = self.xp.asarray(tokens)
         positions = np.asarray(positions)
-        h = self.embed(tokens, positions)
-        h = self.run_prelude(h, positions, cache, exact)
-        h = self.run_core(h, h, positions, cache, 0, loops, exact)
-        if coda_base is None:
-            coda_base = c.n_prelude + c.n_core * loops
-        h = self.run_coda(h, positions, cache, coda_base, exact)
+        span = Span(positions, int(positions[0]))
+        trunk = self.trunk(tokens, span, cache, loops, exact)
+        base = self.coda_base(loops) if coda_base is None else coda_base
+        h = self.coda(trunk.hidden, span, cache, base, exact)
         if last_only:
             h = h[-1:]
         return self.head(h, exact)

@@ -13,6 +13,7 @@ Order of operations on a logits vector (float64):
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
 
 def _check_number(name, value, low, high, low_open=False):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
@@ -71,6 +77,24 @@ class Sampler:
         """Record a generated token (for the penalties)."""
         self.seen[token_id] = True
         self.generated_counts[token_id] += 1
+
+    @contextmanager
+    def assuming(self, tokens):
+        """Penalties computed inside see `tokens` as generated too (a draft path
+        not yet accepted); the history is restored on exit."""
+        tokens = list(tokens)
+        if not tokens or not self.params.has_penalties:
+            yield
+            return
+        ids = np.asarray(tokens, dtype=np.int64)
+        saved_seen, saved_counts = self.seen[ids].copy(), self.generated_counts[ids].copy()
+        for token in tokens:
+            self.observe(token)
+        try:
+            yield
+        finally:
+            self.seen[ids] = saved_seen
+            self.generated_counts[ids] = saved_counts
 
     def penalized(self, logits) -> np.ndarray:
         """logits: (V,) -> float64 (V,) after repetition/presence/frequency penalties."""
@@ -119,16 +143,20 @@ class Sampler:
         order = np.lexsort((ids, -scores[ids]))
         return ids[order]
 
+    def greedy_token(self, logits) -> int:
+        return int(np.argmax(self.penalized(logits)))
+
     def sample(self, logits) -> int:
         """Pick the next token id. Greedy consumes no randomness; sampling one uniform."""
         if self.params.greedy:
-            return int(np.argmax(self.penalized(logits)))
+            return self.greedy_token(logits)
         return self.draw(self.probabilities(logits))
 
-    def draw(self, probs: np.ndarray) -> int:
-        """Inverse-CDF draw from a (V,) distribution with one uniform."""
+    def draw(self, probs: np.ndarray, rng: np.random.Generator | None = None) -> int:
+        """Inverse-CDF draw from a (V,) distribution with one uniform (of `rng`, by
+        default the request's own stream)."""
         cumulative = np.cumsum(probs)
-        u = self.rng.random() * cumulative[-1]
+        u = (rng or self.rng).random() * cumulative[-1]
         index = int(np.searchsorted(cumulative, u, side="right"))
         if index >= probs.shape[0]:          # u rounded up onto the total
             index = int(np.flatnonzero(probs)[-1])

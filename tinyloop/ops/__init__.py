@@ -10,10 +10,10 @@ Two flavours of the row-wise products exist:
 - `bulk`: full GEMM, fastest for the prompt's prefill, which every mode shares.
 """
 from .activations import gelu_tanh, silu
-from .attention import ATTENTION_BLOCK, attention_bulk, attention_exact
+from .attention import ATTENTION_BLOCK, TreeRows, attention_bulk, attention_exact
 from .linear import linear
 from .norms import layer_norm, rms_norm
-from .positions import apply_rope, rope_tables
+from .positions import apply_rope, rope_table
 
-__all__ = ["ATTENTION_BLOCK", "apply_rope", "attention_bulk", "attention_exact", "gelu_tanh",
-           "layer_norm", "linear", "rms_norm", "rope_tables", "silu"]
+__all__ = ["ATTENTION_BLOCK", "TreeRows", "apply_rope", "attention_bulk", "attention_exact", "gelu_tanh",
+           "layer_norm", "linear", "rms_norm", "rope_table", "silu"]

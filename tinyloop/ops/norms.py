@@ -4,15 +4,16 @@ import numpy as np
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (T, D), weight: (D,) -> (T, D)."""
-    mean_square = np.mean(x * x, axis=-1, keepdims=True)                 # (T, 1)
+    mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])   # (T, 1)
     return x * (np.float32(1.0) / np.sqrt(mean_square + np.float32(eps))) * weight
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """x: (T, D), weight/bias: (D,) -> (T, D)."""
-    mean = np.mean(x, axis=-1, keepdims=True)                             # (T, 1)
+    width = np.float32(x.shape[-1])
+    mean = np.add.reduce(x, axis=-1, keepdims=True) / width                          # (T, 1)
     centered = x - mean
-    variance = np.mean(centered * centered, axis=-1, keepdims=True)       # (T, 1)
+    variance = np.add.reduce(centered * centered, axis=-1, keepdims=True) / width    # (T, 1)
     out = centered * (np.float32(1.0) / np.sqrt(variance + np.float32(eps))) * weight
     if bias is not None:
         out += bias

@@ -1,25 +1,21 @@
 """Rotary position embedding, interleaved pairs (dims 2i and 2i+1 rotate together).
 
 This is the original LLaMA / llama.cpp "normal" convention, so GGUF llama weights
-load without permuting the query and key projections.
+load without permuting the query and key projections. A pair (x[2i], x[2i+1]) is
+the complex number x[2i] + i x[2i+1], and the rotation is one complex product.
 """
 import numpy as np
 
 
-def rope_tables(max_positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """-> cos, sin: (max_positions, head_dim / 2) float32, computed in float64."""
+def rope_table(max_positions: int, head_dim: int, theta: float) -> np.ndarray:
+    """-> (max_positions, head_dim / 2) complex64 rotations e^{i p theta^(-2j/hd)},
+    computed in float64."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # (hd/2,)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return (np.cos(angles) + 1j * np.sin(angles)).astype(np.complex64)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x: (T, heads, hd); cos/sin: (T, hd/2) for these positions -> (T, heads, hd)."""
-    even = x[..., 0::2]
-    odd = x[..., 1::2]
-    c = cos[:, None, :]
-    s = sin[:, None, :]
-    out = np.empty_like(x)
-    out[..., 0::2] = even * c - odd * s
-    out[..., 1::2] = even * s + odd * c
-    return out
+def apply_rope(x: np.ndarray, rotation: np.ndarray) -> np.ndarray:
+    """x: (T, heads, hd) float32, contiguous; rotation: (T, hd/2) complex64 -> (T, heads, hd)."""
+    pairs = np.ascontiguousarray(x).view(np.complex64)                  # (T, heads, hd/2)
+    return (pairs * rotation[:, None, :]).view(np.float32)
