@@ -34,7 +34,7 @@ def test_top_k_top_p_keep_exactly_the_reference_set(case):
     if case % 4 == 0:                       # ties at the cut-off
         logits = np.round(logits)
     top_k = int(rng.choice([0, 1, 3, vocab - 1, vocab, vocab + 5]))
-    top_p = float(rng.choice([1.0, 0.9, 0.5, 0.1, 1e-9]))
+    top_p = float(rng.choice([1.0, 0.9, 0.5, 0.1, 1e-9, 0.0]))
     temperature = float(rng.choice([0.3, 1.0, 1.7]))
     sampler = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=0), vocab)
     probs = sampler.probabilities(logits)
@@ -95,7 +95,7 @@ def test_presence_and_frequency_penalties_follow_openai():
 @pytest.mark.parametrize("field, value, message", [
     ("temperature", 2.5, r"temperature must be in \[0.0, 2.0\], got 2.5"),
     ("temperature", float("nan"), "temperature must be a number"),
-    ("top_p", 0.0, r"top_p must be in \(0.0, 1.0\]"),
+    ("top_p", 1.5, r"top_p must be in \[0.0, 1.0\], got 1.5"),
     ("top_k", -1, "top_k must be an integer >= 0"),
     ("repetition_penalty", 0.0, "repetition_penalty must be in"),
     ("presence_penalty", 3.0, "presence_penalty must be in"),

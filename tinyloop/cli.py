@@ -88,6 +88,46 @@ def cmd_new_model(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from granian import Granian
+    from granian.constants import Interfaces
+
+    from asgi.auth import load_or_create_key
+    from asgi.settings import Settings, default_state_dir
+
+    model = args.model or os.environ.get("TINYLOOP_MODEL_PATH")
+    if not model:
+        raise TinyLoopError("no model given: pass --model PATH or set TINYLOOP_MODEL_PATH")
+    if not os.path.exists(model):
+        raise TinyLoopError(f"model file not found: {model}")
+    env = {"TINYLOOP_MODEL_PATH": os.path.abspath(model), "TINYLOOP_MAX_WAITING": str(args.max_waiting)}
+    if args.no_auth:
+        env["TINYLOOP_AUTH"] = "0"
+    if args.state_dir:
+        env["TINYLOOP_STATE_DIR"] = args.state_dir
+    if args.device:
+        env["TINYLOOP_DEVICE"] = args.device
+    if args.exit_on_failure:
+        env["TINYLOOP_EXIT_ON_FAILURE"] = "1"
+    os.environ.update(env)
+    settings = Settings.from_env()            # validates every TINYLOOP_* setting up front
+    if not settings.auth:
+        auth = "authentication OFF (--no-auth): anyone who can reach the port can use it"
+    elif settings.api_key:
+        auth = "API key from TINYLOOP_API_KEY"
+    else:
+        _, key_file = load_or_create_key(settings.state_dir or default_state_dir())
+        auth = f"API key in {key_file} (send it as 'Authorization: Bearer <key>')"
+    print(f"tinyloop serve: model {env['TINYLOOP_MODEL_PATH']}", file=sys.stderr)
+    print(f"tinyloop serve: http://{args.host}:{args.port}/v1 (OpenAI), /api/v0, /generate; {auth}",
+          file=sys.stderr)
+    Granian("asgi.app:app", address=args.host, port=args.port, interface=Interfaces.ASGI, workers=1,
+            log_level=args.log_level).serve()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .testmodels import PRESETS
@@ -105,6 +145,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI, LM Studio-style and native APIs)",
+                       description="Serve MODEL with Granian: OpenAI-compatible /v1, LM Studio-style /api/v0 "
+                                   "and native /generate routes. Requests need 'Authorization: Bearer <key>'; "
+                                   "the key is TINYLOOP_API_KEY or a generated key file (its path is printed).")
+    p.add_argument("--model", default=None, help="path of a .tinyloop file (default: $TINYLOOP_MODEL_PATH)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-waiting", type=int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default 8)")
+    p.add_argument("--no-auth", action="store_true", help="turn API-key authentication off")
+    p.add_argument("--state-dir", default=None, help="where the API key file lives "
+                                                    "(default $XDG_STATE_HOME/tinyloop)")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda")
+    p.add_argument("--exit-on-failure", action="store_true",
+                   help="exit the worker after an engine failure so a supervisor restarts it")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("info", help="print a model file's config, quantization and size",
                        description="Print a .tinyloop file's config, quantization, tensors and size.")

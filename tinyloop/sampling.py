@@ -7,7 +7,8 @@ Order of operations on a logits vector (float64):
    logit -= frequency_penalty * count + presence_penalty * (count > 0);
 3. temperature 0 -> greedy argmax (lowest id on ties), no randomness consumed;
 4. otherwise logits / temperature -> top_k (k largest, ties to lower ids; 0 = off)
-   -> softmax -> top_p (the smallest most-probable prefix whose mass reaches top_p)
+   -> softmax -> top_p (the smallest most-probable prefix whose mass reaches top_p;
+   top_p = 0 keeps only the most likely token)
    -> one uniform draw from the request's own generator picks the token.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ class SamplingParams:
 
     def __post_init__(self):
         _check_number("temperature", self.temperature, 0.0, 2.0)
-        _check_number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_number("top_p", self.top_p, 0.0, 1.0)
         _check_number("repetition_penalty", self.repetition_penalty, 0.0, 10.0, low_open=True)
         _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)

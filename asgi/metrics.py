@@ -1,0 +1,91 @@
+"""Prometheus text metrics (exposition format 0.0.4), kept in plain Python."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests = Counter()            # (route, status) -> count
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.generations = Counter()         # (mode, finish_reason) -> count
+        self.disconnects = 0
+        self.ttft_buckets = [0] * len(TTFT_BUCKETS)
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+        self.spec_rounds = 0
+        self.spec_drafted = 0
+        self.spec_accepted = 0
+
+    def on_request(self, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[(route, status)] += 1
+
+    def on_disconnect(self) -> None:
+        with self._lock:
+            self.disconnects += 1
+
+    def on_job_done(self, result) -> None:
+        """Every engine job, whether its client stayed or not (engine thread)."""
+        with self._lock:
+            self.prompt_tokens += result.prompt_tokens
+            self.completion_tokens += result.completion_tokens
+            self.generations[(result.mode, result.finish_reason)] += 1
+            if result.speculative is not None:
+                self.spec_rounds += result.speculative.rounds
+                self.spec_drafted += result.speculative.drafted
+                self.spec_accepted += result.speculative.accepted
+
+    def on_first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft_sum += seconds
+            self.ttft_count += 1
+            for i, bound in enumerate(TTFT_BUCKETS):
+                if seconds <= bound:
+                    self.ttft_buckets[i] += 1
+
+    def render(self, running: int, waiting: int) -> str:
+        lines = []
+
+        def metric(name, kind, help_text, samples):
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                lines.append(f"{name}{{{label_text}}} {value}" if label_text else f"{name} {value}")
+
+        with self._lock:
+            metric("tinyloop_requests_total", "counter", "HTTP requests by route and status.",
+                   [({"route": r, "status": s}, n) for (r, s), n in sorted(self.requests.items())])
+            metric("tinyloop_generations_running", "gauge", "Generations running (0 or 1).", [({}, running)])
+            metric("tinyloop_generations_waiting", "gauge", "Generations waiting for the engine.",
+                   [({}, waiting)])
+            metric("tinyloop_generations_total", "counter", "Engine jobs by mode and finish reason (cancelled: the client left or a stop string matched).",
+                   [({"mode": m, "finish_reason": f}, n) for (m, f), n in sorted(self.generations.items())])
+            metric("tinyloop_client_disconnects_total", "counter", "Generations cancelled by a client leaving.",
+                   [({}, self.disconnects)])
+            metric("tinyloop_prompt_tokens_total", "counter", "Prompt tokens processed.", [({}, self.prompt_tokens)])
+            metric("tinyloop_completion_tokens_total", "counter", "Tokens generated.",
+                   [({}, self.completion_tokens)])
+            cumulative = []
+            for bound, count in zip(TTFT_BUCKETS, self.ttft_buckets):
+                cumulative.append(({"le": bound}, count))
+            cumulative.append(({"le": "+Inf"}, self.ttft_count))
+            lines.append("# HELP tinyloop_time_to_first_token_seconds Request arrival to first token.")
+            lines.append("# TYPE tinyloop_time_to_first_token_seconds histogram")
+            for labels, value in cumulative:
+                lines.append(f'tinyloop_time_to_first_token_seconds_bucket{{le="{labels["le"]}"}} {value}')
+            lines.append(f"tinyloop_time_to_first_token_seconds_sum {self.ttft_sum:.6f}")
+            lines.append(f"tinyloop_time_to_first_token_seconds_count {self.ttft_count}")
+            metric("tinyloop_speculative_rounds_total", "counter", "Speculative draft-verify rounds.",
+                   [({}, self.spec_rounds)])
+            metric("tinyloop_speculative_drafted_tokens_total", "counter", "Draft tokens proposed.",
+                   [({}, self.spec_drafted)])
+            metric("tinyloop_speculative_accepted_tokens_total", "counter", "Draft tokens accepted.",
+                   [({}, self.spec_accepted)])
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,41 @@
+"""TinyLoop-native routes: /generate, /generate/speculative, /generate/tree_speculative."""
+from __future__ import annotations
+
+from .fields import NATIVE, NATIVE_SPECULATIVE, NATIVE_TREE
+from .generation import Generation
+from .http import EventStream, send_json
+from .openai_routes import stats
+from .prepare import prepare_native
+from .schema import validate
+
+FIELDS = {"generate": NATIVE, "speculative": NATIVE_SPECULATIVE, "tree_speculative": NATIVE_TREE}
+
+
+async def native_generate(request, mode: str = "generate"):
+    values = validate(await request.json(), FIELDS[mode])
+    prepared = prepare_native(request.state, values, mode)
+    generation = Generation(request.state, prepared, request.receive, request.started)
+    generation.submit()
+    if values["stream"]:
+        stream = EventStream(request.send)
+        request.stream = stream
+        await stream.start()
+        tail = ""
+        async for token_id, text in generation.deltas():
+            if token_id is None:
+                tail = text
+            else:
+                await stream.event({"token_id": token_id, "text": text})
+        outcome = generation.outcome
+        await stream.event({"token_id": -1, "text": tail, "finish_reason": outcome.finish_reason,
+                            "stats": stats(outcome)})
+        await stream.done()
+        return
+    tokens, parts = [], []
+    async for token_id, text in generation.deltas():
+        if token_id is not None:
+            tokens.append(token_id)
+        parts.append(text)
+    outcome = generation.outcome
+    await send_json(request.send, 200, {"tokens": tokens, "text": "".join(parts),
+                                        "finish_reason": outcome.finish_reason, "stats": stats(outcome)})

@@ -1,0 +1,107 @@
+"""Validated request values -> a Prepared engine request (prompt ids, limits, sampling)."""
+from __future__ import annotations
+
+from tinyloop.errors import RequestError
+from tinyloop.sampling import SamplingParams
+from tinyloop.speculative import SpeculativeParams
+
+from .errors import bad_request
+from .generation import Prepared
+
+DEFAULT_MAX_TOKENS = 128
+
+
+def _seed(value):
+    return None if value is None else value % (2 ** 64)
+
+
+def fit_max_tokens(state, n_prompt: int, requested: int | None) -> int:
+    """The context rule: an explicit max_tokens must fit; an omitted one is lowered."""
+    context = state.loaded.config.max_seq_len
+    room = context - n_prompt
+    if room <= 0:
+        raise bad_request(f"the prompt has {n_prompt} tokens; the model's context is {context} tokens, "
+                          "which leaves no room to generate", "messages", "context_length_exceeded")
+    if requested is None:
+        return min(DEFAULT_MAX_TOKENS, room)
+    if requested > room:
+        raise bad_request(f"prompt ({n_prompt} tokens) + max_tokens ({requested}) = {n_prompt + requested} "
+                          f"exceeds the model's context of {context} tokens; at most {room} tokens can be "
+                          "generated for this prompt", "max_tokens", "context_length_exceeded")
+    return requested
+
+
+def _engine_errors(build):
+    try:
+        return build()
+    except RequestError as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+def _check_cache_window(values):
+    if values.get("cache_window"):
+        raise bad_request("cache_window > 0 (a sliding-window KV cache) is not available in this release; "
+                          "send 0 or omit it", "cache_window", "unsupported_value")
+
+
+def _speculative(state, values, mode):
+    if mode == "generate":
+        return None
+    params = SpeculativeParams(values["draft_loops"], values["verify_loops"], values["draft_ahead"],
+                               values.get("K_branches") or 1)
+    if mode == "speculative" and params.branches != 1:
+        raise bad_request("K_branches applies to mode tree_speculative only", "K_branches")
+    _engine_errors(lambda: params.check(state.loaded.config))
+    return params
+
+
+def _loops(state, values):
+    loops = values.get("loops")
+    if loops is not None:
+        _engine_errors(lambda: state.loaded.config.check_loops(loops))
+    return loops
+
+
+def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool) -> Prepared:
+    if values.get("max_tokens") is not None and values.get("max_completion_tokens") is not None \
+            and values["max_tokens"] != values["max_completion_tokens"]:
+        raise bad_request("max_tokens and max_completion_tokens disagree; send one of them",
+                          "max_completion_tokens")
+    requested = values.get("max_tokens") or values.get("max_completion_tokens")
+    mode = values.get("mode", "generate") if extended else "generate"
+    if extended:
+        _check_cache_window(values)
+    sampling = _engine_errors(lambda: SamplingParams(
+        temperature=float(values["temperature"]), top_k=values["top_k"], top_p=float(values["top_p"]),
+        repetition_penalty=float(values.get("repetition_penalty", 1.0)),
+        presence_penalty=float(values["presence_penalty"]), frequency_penalty=float(values["frequency_penalty"]),
+        seed=_seed(values["seed"])))
+    speculative = _speculative(state, values, mode)
+    return Prepared(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
+                    sampling, list(stop_strings), tuple(stop_ids), mode, speculative)
+
+
+def prepare_native(state, values, mode: str) -> Prepared:
+    kind, prompt = values["prompt"]
+    tokenizer = state.loaded.tokenizer
+    if kind == "text":
+        prompt_ids = tokenizer.encode(prompt)
+    else:
+        prompt_ids = _engine_errors(lambda: tokenizer.check_ids(prompt, "prompt"))
+    if not prompt_ids:
+        raise bad_request("prompt must not be empty", "prompt")
+    _check_cache_window(values)
+    stop_strings, stop_ids = [], []
+    if values["stop"] is not None:
+        stop_kind, items = values["stop"]
+        if stop_kind == "ids":
+            stop_ids = _engine_errors(lambda: tokenizer.check_ids(items, "stop"))
+        else:
+            stop_strings = items
+    sampling = _engine_errors(lambda: SamplingParams(
+        temperature=float(values["temperature"]), top_k=values["top_k"], top_p=float(values["top_p"]),
+        repetition_penalty=float(values["repetition_penalty"]), seed=_seed(values["sample_seed"])))
+    speculative = _speculative(state, values, mode)
+    max_tokens = fit_max_tokens(state, len(prompt_ids), values["max_tokens"])
+    return Prepared(prompt_ids, max_tokens, _loops(state, values), sampling, stop_strings, tuple(stop_ids),
+                    mode, speculative)

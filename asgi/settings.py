@@ -1,0 +1,67 @@
+"""Server settings, from TINYLOOP_* environment variables (documented in the README)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyloop.errors import TinyLoopError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off", "")
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
+
+
+def _int(name: str, default: int, low: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise TinyLoopError(f"{name} must be an integer, got {value!r}") from None
+    if number < low:
+        raise TinyLoopError(f"{name} must be >= {low}, got {number}")
+    return number
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tinyloop"
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_path: str | None
+    api_key: str | None            # from TINYLOOP_API_KEY; else the key file is used
+    auth: bool                     # TINYLOOP_AUTH=0 turns authentication off, explicitly
+    state_dir: Path
+    max_waiting: int
+    max_body_bytes: int
+    exit_on_failure: bool
+    commit: str | None
+    device: str | None
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls(
+            model_path=os.environ.get("TINYLOOP_MODEL_PATH") or None,
+            api_key=os.environ.get("TINYLOOP_API_KEY") or None,
+            auth=_flag("TINYLOOP_AUTH", True),
+            state_dir=Path(os.environ.get("TINYLOOP_STATE_DIR") or default_state_dir()),
+            max_waiting=_int("TINYLOOP_MAX_WAITING", 8, 0),
+            max_body_bytes=_int("TINYLOOP_MAX_BODY_BYTES", 1 << 20, 1024),
+            exit_on_failure=_flag("TINYLOOP_EXIT_ON_FAILURE", False),
+            commit=os.environ.get("TINYLOOP_COMMIT") or None,
+            device=os.environ.get("TINYLOOP_DEVICE") or None,
+        )

@@ -1,0 +1,111 @@
+"""What the server holds: settings, the model, the engine, the key, metrics, status."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from tinyloop import __version__
+from tinyloop.chat import ChatTemplate
+from tinyloop.engine import Engine
+from tinyloop.loader import LoadedModel, load_model
+
+from .auth import load_or_create_key
+from .metrics import Metrics
+from .settings import Settings
+
+log = logging.getLogger("tinyloop.server")
+if not logging.getLogger().handlers and not log.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[%(levelname)s] %(name)s: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+
+LOADING, READY, FAILED = "loading", "ready", "worker_failed"
+
+
+class ServerState:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.status = LOADING
+        self.failure: str | None = None
+        self.loaded: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.template: ChatTemplate | None = None
+        self.created = int(time.time())
+        self.key, self.key_file = None, None
+        if settings.auth:
+            if settings.api_key:
+                self.key = settings.api_key
+                log.info("auth: API key from TINYLOOP_API_KEY")
+            else:
+                self.key, self.key_file = load_or_create_key(settings.state_dir)
+                log.info("auth: API key in %s", self.key_file)
+        else:
+            log.warning("auth: OFF (TINYLOOP_AUTH=0)")
+        self._load_started = threading.Lock()
+        self._load_thread: threading.Thread | None = None
+
+    def start_loading(self) -> None:
+        """Load the model on a background thread (health says 'loading' meanwhile)."""
+        with self._load_started:
+            if self._load_thread is None:
+                self._load_thread = threading.Thread(target=self._load, name="tinyloop-load", daemon=True)
+                self._load_thread.start()
+
+    def _load(self) -> None:
+        path = self.settings.model_path
+        if not path:
+            self._fail("no model configured: set TINYLOOP_MODEL_PATH (or use `tinyloop serve --model`)")
+            return
+        try:
+            loaded = load_model(path, self.settings.device)
+            template = ChatTemplate.from_metadata(loaded.file.chat_template)
+            engine = Engine(loaded, self.settings.max_waiting, on_failure=self._engine_failed,
+                            on_job_done=self.metrics.on_job_done)
+        except Exception as exc:         # noqa: BLE001 - any load failure keeps the server up, 503
+            self._fail(f"model failed to load: {exc}")
+            return
+        self.loaded, self.template, self.engine = loaded, template, engine
+        self.created = int(os.path.getmtime(path))
+        self.status = READY
+        log.info("model %s loaded in %.2fs: device %s, KV cache %s, %s", path, loaded.load_s,
+                 loaded.backend.name, self.kv_cache_mode, loaded.file.quant_summary())
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self.status = FAILED
+        log.error("%s", reason)
+
+    def _engine_failed(self, reason: str) -> None:
+        self._fail(reason)
+        if self.settings.exit_on_failure:
+            log.error("TINYLOOP_EXIT_ON_FAILURE is set: exiting so the supervisor restarts the worker")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    @property
+    def kv_cache_mode(self) -> str:
+        # The CPU engine keeps keys and values in float32; quantized modes are not built yet.
+        return "fp32"
+
+    def model_info(self) -> dict:
+        c = self.loaded.config
+        return {"arch": c.arch, "dim": c.dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+                "ffn_dim": c.ffn_dim, "vocab_size": c.vocab_size, "default_loops": c.default_loops,
+                "min_loops": c.min_loops, "max_loops": c.max_loops, "max_seq_len": c.max_seq_len,
+                "quant": self.loaded.file.quant_summary(), "kv_cache_mode": self.kv_cache_mode}
+
+    def runtime(self) -> dict:
+        return {"name": "tinyloop", "version": __version__, "commit": self.settings.commit,
+                "device": self.loaded.backend.name if self.loaded else None}
+
+    @property
+    def model_id(self) -> str:
+        return self.settings.model_path or "tinyloop"

@@ -1,0 +1,98 @@
+"""Chat templates: messages -> prompt token ids.
+
+Message text is always encoded as plain text, so a user who writes "<|im_end|>" gets
+those characters, never a conversation boundary; only the template itself inserts
+control tokens, by id.
+
+Templates (the model file's `chat_template` names one, optionally as JSON with options):
+- "plain":  "System: ...\\nUser: ...\\nAssistant:" for raw-BPE models with no chat
+            tokens; generation also stops at a new "\\nUser:" turn.
+- "chatml": <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n, with a
+            default system message when the conversation has none (if the model has
+            one); generation stops at <|im_end|>.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+from .errors import RequestError, TinyLoopError
+from .tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant")
+TEMPLATES = ("plain", "chatml")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    name: str = "plain"
+    default_system: str | None = None
+    stop_strings: tuple = field(default=())
+
+    @classmethod
+    def from_metadata(cls, text: str) -> "ChatTemplate":
+        """Parse the model file's chat_template entry ("" means plain)."""
+        text = (text or "plain").strip()
+        if text.startswith("{"):
+            spec = orjson.loads(text)
+            name = spec.get("name", "plain")
+            default_system = spec.get("default_system")
+        else:
+            name, default_system = text, None
+        if name not in TEMPLATES:
+            raise TinyLoopError(f"unknown chat template {name!r}; known: {', '.join(TEMPLATES)}")
+        return cls(name, default_system, ("\nUser:",) if name == "plain" else ())
+
+    def to_metadata(self) -> str:
+        if self.default_system is None:
+            return self.name
+        return orjson.dumps({"name": self.name, "default_system": self.default_system}).decode()
+
+    def end_of_turn_ids(self, tokenizer: Tokenizer) -> tuple:
+        if self.name == "chatml":
+            return (_special_id(tokenizer, "<|im_end|>"),)
+        return ()
+
+    def render(self, messages: list[dict], tokenizer: Tokenizer) -> list[int]:
+        """Messages ({role, content}) -> prompt ids ending where the assistant speaks."""
+        if self.name == "chatml":
+            return self._render_chatml(messages, tokenizer)
+        return self._render_plain(messages, tokenizer)
+
+    def _render_plain(self, messages, tokenizer):
+        parts = []
+        if self.default_system and not any(m["role"] == "system" for m in messages):
+            parts.append(f"System: {self.default_system}\n")
+        for message in messages:
+            parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
+        parts.append("Assistant:")
+        return tokenizer.encode("".join(parts))
+
+    def _render_chatml(self, messages, tokenizer):
+        start, end = _special_id(tokenizer, "<|im_start|>"), _special_id(tokenizer, "<|im_end|>")
+        newline = tokenizer.encode("\n")
+        if self.default_system and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": self.default_system}] + list(messages)
+        ids: list[int] = []
+        for message in messages:
+            ids += [start] + tokenizer.encode(f"{message['role']}\n{message['content']}") + [end] + newline
+        return ids + [start] + tokenizer.encode("assistant\n")
+
+
+def _special_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise TinyLoopError(f"the chat template needs the token {token!r}, which this tokenizer lacks")
+    return token_id
+
+
+def check_messages(messages) -> list[dict]:
+    """Validate the messages array's values (shapes are checked by the HTTP layer)."""
+    if not messages:
+        raise RequestError("messages must contain at least one message", "messages")
+    for index, message in enumerate(messages):
+        if message["role"] not in ROLES:
+            raise RequestError(f"messages[{index}].role must be one of {', '.join(ROLES)}; "
+                               f"got {message['role']!r}", f"messages[{index}].role")
+    return messages
