@@ -8,7 +8,9 @@ it is waiting or running.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from tinyloop.engine import EngineFailed, Job, QueueFull
@@ -38,6 +40,41 @@ class Prepared:
     speculative: SpeculativeParams | None = None
 
 
+class Mailbox:
+    """Events from the engine thread to the event loop.
+
+    The engine appends; the loop is woken only when the box goes from empty to not
+    empty, so a loop that falls behind drains many tokens per wake-up instead of
+    paying one cross-thread wake-up per token.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: deque = deque()
+        self._lock = threading.Lock()
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:                      # engine thread
+        with self._lock:
+            self._items.append(item)
+            wake = len(self._items) == 1
+        if wake:
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    def put_local(self, item) -> None:                # event loop thread
+        with self._lock:
+            self._items.append(item)
+        self._ready.set()
+
+    async def take_all(self) -> list:
+        await self._ready.wait()
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self._ready.clear()
+        return items
+
+
 @dataclass
 class Outcome:
     result: GenerationResult
@@ -57,13 +94,11 @@ class Generation:
         self.tokens_seen = 0
         self.first_token_at: float | None = None
         self.outcome: Outcome | None = None
-        self._queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        self._mailbox = Mailbox(asyncio.get_running_loop())
         request = GenerationRequest(prepared.prompt_ids, prepared.max_tokens, prepared.loops,
                                     prepared.sampling, prepared.stop_ids)
         self.job = Job(request, prepared.mode, prepared.speculative,
-                       on_event=lambda kind, payload: loop.call_soon_threadsafe(
-                           self._queue.put_nowait, (kind, payload)))
+                       on_event=lambda kind, payload: self._mailbox.put((kind, payload)))
 
     def submit(self) -> None:
         """Queue the job; 429 when every waiting place is taken, 503 if the engine failed."""
@@ -76,37 +111,53 @@ class Generation:
         except EngineFailed as exc:
             raise unavailable(str(exc), "worker_failed") from None
 
-    async def deltas(self):
-        """Yield (token_id, released_text) per generated token; sets self.outcome at the end."""
+    async def batches(self):
+        """Yield lists of (token_id, released_text): every token that arrived since the
+        last wake-up (a final flushed tail comes as token_id None). Sets self.outcome."""
         watcher = asyncio.ensure_future(self._watch_disconnect())
         try:
             while True:
-                kind, payload = await self._queue.get()
-                if kind == "token":
-                    if self.matcher.stopped:
-                        continue                # generated before the cancel took effect
-                    self.tokens_seen += 1
-                    if self.first_token_at is None:
-                        self.first_token_at = time.perf_counter()
-                    text = self.matcher.feed(self.detok.push(payload))
-                    if self.matcher.stopped:
-                        self.state.engine.cancel(self.job)
-                    yield payload, text
-                elif kind == "done":
-                    tail = self._finish(payload)
-                    if tail:
-                        yield None, tail
-                    return
-                elif kind == "disconnect":
-                    raise ClientGone()
-                elif kind == "error":
-                    if isinstance(payload, RequestError):
-                        raise bad_request(str(payload), payload.param)
-                    raise unavailable(str(payload), "worker_failed")
+                batch = []
+                for kind, payload in await self._mailbox.take_all():
+                    if kind == "token":
+                        if self.matcher.stopped:
+                            continue            # generated before the cancel took effect
+                        self.tokens_seen += 1
+                        if self.first_token_at is None:
+                            self.first_token_at = time.perf_counter()
+                        text = self.matcher.feed(self.detok.push(payload))
+                        if self.matcher.stopped:
+                            self.state.engine.cancel(self.job)
+                        batch.append((payload, text))
+                    elif kind == "done":
+                        tail = self._finish(payload)
+                        if tail:
+                            batch.append((None, tail))
+                        if batch:
+                            yield batch
+                        return
+                    elif kind == "disconnect":
+                        raise ClientGone()
+                    elif kind == "error":
+                        if isinstance(payload, RequestError):
+                            raise bad_request(str(payload), payload.param)
+                        raise unavailable(str(payload), "worker_failed")
+                if batch:
+                    yield batch
         finally:
             watcher.cancel()
             if self.outcome is None:
                 self.state.engine.cancel(self.job)
+
+    async def text(self) -> tuple[list, str]:
+        """Run to the end: (token ids, released text)."""
+        tokens, parts = [], []
+        async for batch in self.batches():
+            for token_id, text in batch:
+                if token_id is not None:
+                    tokens.append(token_id)
+                parts.append(text)
+        return tokens, "".join(parts)
 
     def _finish(self, result: GenerationResult) -> str:
         tail = ""
@@ -133,5 +184,5 @@ class Generation:
             if message["type"] == "http.disconnect":
                 self.state.engine.cancel(self.job)
                 self.state.metrics.on_disconnect()
-                self._queue.put_nowait(("disconnect", None))
+                self._mailbox.put_local(("disconnect", None))
                 return

@@ -94,8 +94,13 @@ class EventStream:
         self.started = True
 
     async def event(self, payload) -> None:
-        await self.send({"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n",
-                         "more_body": True})
+        await self.events([payload])
+
+    async def events(self, payloads: list) -> None:
+        """Several events in one body chunk (tokens that arrived together)."""
+        if payloads:
+            body = b"".join(b"data: " + orjson.dumps(p) + b"\n\n" for p in payloads)
+            await self.send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def done(self) -> None:
         await self.send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})

@@ -21,21 +21,20 @@ async def native_generate(request, mode: str = "generate"):
         request.stream = stream
         await stream.start()
         tail = ""
-        async for token_id, text in generation.deltas():
-            if token_id is None:
-                tail = text
-            else:
-                await stream.event({"token_id": token_id, "text": text})
+        async for batch in generation.batches():
+            events = []
+            for token_id, text in batch:
+                if token_id is None:
+                    tail = text
+                else:
+                    events.append({"token_id": token_id, "text": text})
+            await stream.events(events)
         outcome = generation.outcome
         await stream.event({"token_id": -1, "text": tail, "finish_reason": outcome.finish_reason,
                             "stats": stats(outcome)})
         await stream.done()
         return
-    tokens, parts = [], []
-    async for token_id, text in generation.deltas():
-        if token_id is not None:
-            tokens.append(token_id)
-        parts.append(text)
+    tokens, text = await generation.text()
     outcome = generation.outcome
-    await send_json(request.send, 200, {"tokens": tokens, "text": "".join(parts),
+    await send_json(request.send, 200, {"tokens": tokens, "text": text,
                                         "finish_reason": outcome.finish_reason, "stats": stats(outcome)})

@@ -98,9 +98,8 @@ async def _complete(request, extended: bool, chat: bool):
         await _stream(request, generation, ident, created, model, chat, extended,
                       bool((values["stream_options"] or {}).get("include_usage")))
         return
-    parts = [text async for _, text in generation.deltas()]
+    _, text = await generation.text()
     outcome = generation.outcome
-    text = "".join(parts)
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
                   "finish_reason": outcome.finish_reason}
@@ -128,9 +127,8 @@ async def _stream(request, generation, ident, created, model, chat, extended, in
     await stream.start()
     if chat:
         await stream.event(chunk({"role": "assistant"}))
-    async for _, text in generation.deltas():
-        if text:
-            await stream.event(chunk({"content": text} if chat else text))
+    async for batch in generation.batches():
+        await stream.events([chunk({"content": text} if chat else text) for _, text in batch if text])
     outcome = generation.outcome
     final = chunk({} if chat else "", outcome.finish_reason)
     if extended:
