@@ -51,7 +51,7 @@ def extras(request, outcome: Outcome) -> dict:
 
 def _chat_prompt(request, values):
     state = request.state
-    prompt_ids = state.template.render(values["messages"], state.loaded.tokenizer)
+    prompt_ids = state.loaded.with_bos(state.template.render(values["messages"], state.loaded.tokenizer))
     stop_strings = list(values["stop"] or []) + list(state.template.stop_strings)
     stop_ids = state.template.end_of_turn_ids(state.loaded.tokenizer)
     return prompt_ids, stop_strings, stop_ids
@@ -61,7 +61,7 @@ def _completion_prompt(request, values):
     tokenizer = request.state.loaded.tokenizer
     kind, prompt = values["prompt"]
     if kind == "text":
-        prompt_ids = tokenizer.encode(prompt)
+        prompt_ids = request.state.loaded.encode_prompt(prompt)
     else:
         from tinyloop.errors import RequestError
         try:

@@ -85,7 +85,7 @@ def prepare_native(state, values, mode: str) -> Prepared:
     kind, prompt = values["prompt"]
     tokenizer = state.loaded.tokenizer
     if kind == "text":
-        prompt_ids = tokenizer.encode(prompt)
+        prompt_ids = state.loaded.encode_prompt(prompt)
     else:
         prompt_ids = _engine_errors(lambda: tokenizer.check_ids(prompt, "prompt"))
     if not prompt_ids:

