@@ -107,6 +107,22 @@ def main():
     print(f"teacher-forced top-1 agreement over {len(tokens)} tokens: {agree:.4f} "
           f"(max |logit diff| {diff.max():.3f}, mean {diff.mean():.4f})")
 
+    # 2b. an independent float reference: transformers' llama on the dequantized GGUF, if installed
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        print("transformers reference: skipped (pip install torch transformers gguf accelerate)")
+    else:
+        torch.set_num_threads(args.threads)
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+        with torch.no_grad():
+            reference = hf(torch.tensor([tokens[:512]])).logits[0].double().numpy()
+        gap = np.abs(mine[:512].astype(np.float64) - reference)
+        agree_ref = float(np.mean(mine[:512].argmax(1) == reference.argmax(1)))
+        print(f"transformers float32 reference, 512 tokens: top-1 agreement {agree_ref:.4f}, "
+              f"max |logit diff| {gap.max():.2e}, mean {gap.mean():.2e}")
+
     # 3. greedy continuations
     same, prefixes = 0, []
     for prompt in PROMPTS:
