@@ -50,7 +50,7 @@ SAMPLING_V1 = {
     "top_p": Field("number", 1.0, low=0.0, high=1.0, doc="Nucleus sampling mass (no hidden top_k)"),
     "top_k": Field("integer", 0, low=0, high=1000, doc="TinyLoop extension; 0 = off"),
     "n": Field("integer", 1, low=1, high=1, doc="Must be 1"),
-    "stop": Field("stop", None, doc=f"String or up to 16 strings, matched on the decoded text"),
+    "stop": Field("stop", None, doc="String or up to 16 strings, matched on the decoded text"),
     "stream": Field("boolean", False),
     "stream_options": Field("stream_options", None, doc="{include_usage: bool}"),
     "seed": Field("integer", None, low=SEED_LOW, high=SEED_HIGH, doc="Deterministic sampling"),

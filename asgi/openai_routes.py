@@ -4,11 +4,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from .errors import bad_request
 from .fields import CHAT, COMPLETION, COMPLETIONS_UNSUPPORTED, ELSEWHERE, LMSTUDIO_EXTRAS, OPENAI_UNSUPPORTED
 from .generation import Generation, Outcome
 from .http import EventStream, send_json
-from .prepare import prepare_openai
+from .prepare import prepare_openai, prompt_ids_of
 from .schema import validate
 
 
@@ -58,19 +57,7 @@ def _chat_prompt(request, values):
 
 
 def _completion_prompt(request, values):
-    tokenizer = request.state.loaded.tokenizer
-    kind, prompt = values["prompt"]
-    if kind == "text":
-        prompt_ids = request.state.loaded.encode_prompt(prompt)
-    else:
-        from tinyloop.errors import RequestError
-        try:
-            prompt_ids = tokenizer.check_ids(prompt, "prompt")
-        except RequestError as exc:
-            raise bad_request(str(exc), "prompt") from None
-    if not prompt_ids:
-        raise bad_request("prompt must not be empty", "prompt")
-    return prompt_ids, list(values["stop"] or []), ()
+    return prompt_ids_of(request.state, values["prompt"]), list(values["stop"] or []), ()
 
 
 async def chat_completions(request, extended: bool = False):

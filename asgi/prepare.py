@@ -81,15 +81,21 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
                     sampling, list(stop_strings), tuple(stop_ids), mode, speculative)
 
 
-def prepare_native(state, values, mode: str) -> Prepared:
-    kind, prompt = values["prompt"]
-    tokenizer = state.loaded.tokenizer
+def prompt_ids_of(state, prompt) -> list:
+    """A validated ("text", str) or ("ids", [int]) prompt -> token ids (BOS added to text)."""
+    kind, value = prompt
     if kind == "text":
-        prompt_ids = state.loaded.encode_prompt(prompt)
+        prompt_ids = state.loaded.encode_prompt(value)
     else:
-        prompt_ids = _engine_errors(lambda: tokenizer.check_ids(prompt, "prompt"))
+        prompt_ids = _engine_errors(lambda: state.loaded.tokenizer.check_ids(value, "prompt"))
     if not prompt_ids:
         raise bad_request("prompt must not be empty", "prompt")
+    return prompt_ids
+
+
+def prepare_native(state, values, mode: str) -> Prepared:
+    tokenizer = state.loaded.tokenizer
+    prompt_ids = prompt_ids_of(state, values["prompt"])
     _check_cache_window(values)
     stop_strings, stop_ids = [], []
     if values["stop"] is not None:

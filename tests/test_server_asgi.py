@@ -3,7 +3,6 @@ import asyncio
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from asgi.app import TinyLoopApp

@@ -5,10 +5,9 @@ import pytest
 from tinyloop.errors import RequestError
 from tinyloop.generate import GenerationRequest, generate
 from tinyloop.loader import load_model
-from tinyloop.model import Span
 from tinyloop.modelfile import write_model_file
 from tinyloop.sampling import SamplingParams
-from tinyloop.speculative import SpeculativeDecoder, SpeculativeParams, speculative_generate
+from tinyloop.speculative import SpeculativeParams, speculative_generate
 from tinyloop.testmodels import make_test_model, random_weights, train_tokenizer
 
 from test_model import random_config

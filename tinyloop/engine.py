@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .errors import RequestError, TinyLoopError
-from .generate import GenerationRequest, GenerationResult, generate
+from .generate import GenerationRequest, generate
 from .loader import LoadedModel
 from .speculative import SpeculativeParams, speculative_generate
 

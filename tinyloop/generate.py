@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from .errors import RequestError
 from .model import LoopedTransformer
-from .output import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, TokenSink  # noqa: F401
+from .output import TokenSink
 from .sampling import Sampler, SamplingParams
 
 
