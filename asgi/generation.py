@@ -38,6 +38,7 @@ class Prepared:
     stop_ids: tuple = ()
     mode: str = "generate"
     speculative: SpeculativeParams | None = None
+    cache_window: int = 0
 
 
 class Mailbox:
@@ -96,7 +97,7 @@ class Generation:
         self.outcome: Outcome | None = None
         self._mailbox = Mailbox(asyncio.get_running_loop())
         request = GenerationRequest(prepared.prompt_ids, prepared.max_tokens, prepared.loops,
-                                    prepared.sampling, prepared.stop_ids)
+                                    prepared.sampling, prepared.stop_ids, cache_window=prepared.cache_window)
         self.job = Job(request, prepared.mode, prepared.speculative,
                        on_event=lambda kind, payload: self._mailbox.put((kind, payload)))
 

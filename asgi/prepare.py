@@ -38,12 +38,6 @@ def _engine_errors(build):
         raise bad_request(str(exc), exc.param) from None
 
 
-def _check_cache_window(values):
-    if values.get("cache_window"):
-        raise bad_request("cache_window > 0 (a sliding-window KV cache) is not available in this release; "
-                          "send 0 or omit it", "cache_window", "unsupported_value")
-
-
 def _speculative(state, values, mode):
     if mode == "generate":
         return None
@@ -69,8 +63,6 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
                           "max_completion_tokens")
     requested = values.get("max_tokens") or values.get("max_completion_tokens")
     mode = values.get("mode", "generate") if extended else "generate"
-    if extended:
-        _check_cache_window(values)
     sampling = _engine_errors(lambda: SamplingParams(
         temperature=float(values["temperature"]), top_k=values["top_k"], top_p=float(values["top_p"]),
         repetition_penalty=float(values.get("repetition_penalty", 1.0)),
@@ -78,7 +70,7 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
         seed=_seed(values["seed"])))
     speculative = _speculative(state, values, mode)
     return Prepared(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
-                    sampling, list(stop_strings), tuple(stop_ids), mode, speculative)
+                    sampling, list(stop_strings), tuple(stop_ids), mode, speculative, values.get("cache_window") or 0)
 
 
 def prompt_ids_of(state, prompt) -> list:
@@ -96,7 +88,6 @@ def prompt_ids_of(state, prompt) -> list:
 def prepare_native(state, values, mode: str) -> Prepared:
     tokenizer = state.loaded.tokenizer
     prompt_ids = prompt_ids_of(state, values["prompt"])
-    _check_cache_window(values)
     stop_strings, stop_ids = [], []
     if values["stop"] is not None:
         stop_kind, items = values["stop"]
@@ -110,4 +101,4 @@ def prepare_native(state, values, mode: str) -> Prepared:
     speculative = _speculative(state, values, mode)
     max_tokens = fit_max_tokens(state, len(prompt_ids), values["max_tokens"])
     return Prepared(prompt_ids, max_tokens, _loops(state, values), sampling, stop_strings, tuple(stop_ids),
-                    mode, speculative)
+                    mode, speculative, values["cache_window"])

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinyloop.errors import TinyLoopError
+from tinyloop.kvconfig import kv_budget_from_env, kv_mode_from_env
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")
@@ -51,6 +52,8 @@ class Settings:
     exit_on_failure: bool
     commit: str | None
     device: str | None
+    kv_mode: str = "fp16"
+    kv_budget_bytes: int | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -64,4 +67,6 @@ class Settings:
             exit_on_failure=_flag("TINYLOOP_EXIT_ON_FAILURE", False),
             commit=os.environ.get("TINYLOOP_COMMIT") or None,
             device=os.environ.get("TINYLOOP_DEVICE") or None,
+            kv_mode=kv_mode_from_env(),
+            kv_budget_bytes=kv_budget_from_env(),
         )

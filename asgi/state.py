@@ -62,7 +62,7 @@ class ServerState:
             self._fail("no model configured: set TINYLOOP_MODEL_PATH (or use `tinyloop serve --model`)")
             return
         try:
-            loaded = load_model(path, self.settings.device)
+            loaded = load_model(path, self.settings.device, self.settings.kv_mode, self.settings.kv_budget_bytes)
             template = ChatTemplate.from_metadata(loaded.file.chat_template)
             engine = Engine(loaded, self.settings.max_waiting, on_failure=self._engine_failed,
                             on_job_done=self.metrics.on_job_done)
@@ -92,8 +92,7 @@ class ServerState:
 
     @property
     def kv_cache_mode(self) -> str:
-        # The CPU engine keeps keys and values in float32; quantized modes are not built yet.
-        return "fp32"
+        return self.loaded.model.kv_mode if self.loaded else self.settings.kv_mode
 
     def model_info(self) -> dict:
         c = self.loaded.config

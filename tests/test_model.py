@@ -74,8 +74,14 @@ def test_forward_over_many_positions_equals_single_steps(tmp_path, tokenizer_jso
         logits.append(out)
     assert logits[0].shape == (n_new, 512)
     assert np.array_equal(logits[0], logits[1])
-    assert np.array_equal(caches[0].keys[:, :, :capacity], caches[1].keys[:, :, :capacity])
-    assert np.array_equal(caches[0].values[:, :, :capacity], caches[1].values[:, :, :capacity])
+    assert_same_cache(caches[0], caches[1], capacity)
+
+
+def assert_same_cache(a, b, rows):
+    stored_a, stored_b = a.stored(0, rows), b.stored(0, rows)
+    assert stored_a.keys() == stored_b.keys()
+    for name in stored_a:
+        assert np.array_equal(stored_a[name], stored_b[name]), name
 
 
 def test_stale_rows_past_the_length_do_not_leak_into_attention(tiny):
@@ -110,8 +116,9 @@ def test_loop_count_outside_the_range_is_rejected(tiny):
 def test_cache_has_one_slot_per_executed_layer_instance(tiny):
     config = tiny.config
     cache = tiny.model.new_cache(10, 5)
-    assert cache.keys.shape[0] == config.n_prelude + config.n_core * 5 + config.n_coda
-    assert cache.keys.shape[1:] == (config.n_kv_heads, 64, config.head_dim)
+    data = cache.key_arrays["data"]
+    assert data.shape[0] == config.n_prelude + config.n_core * 5 + config.n_coda
+    assert data.shape[1:] == (config.n_kv_heads, 64, config.head_dim) and data.dtype == np.float16
 
 
 def test_prefill_fast_path_is_close_to_exact_path(tiny):
@@ -141,6 +148,6 @@ def test_batch_invariance_holds_over_many_attention_blocks(tmp_path, tokenizer_j
         else:
             out = np.concatenate([model.forward(tokens[p:p + 1], np.array([p]), cache, 2)
                                   for p in range(n_prefix, capacity)])
-        results.append((out, cache.keys[:, :, :capacity].copy()))
+        results.append((out, cache))
     assert np.array_equal(results[0][0], results[1][0])
-    assert np.array_equal(results[0][1], results[1][1])
+    assert_same_cache(results[0][1], results[1][1], capacity)

@@ -90,7 +90,7 @@ def test_api_v0_adds_stats_model_info_runtime(app):
     info = body["model_info"]
     assert info == {**info, "arch": "weight-shared-looped-transformer", "dim": 64, "n_heads": 4,
                     "ffn_dim": 128, "vocab_size": 512, "default_loops": 4, "quant": "fp32",
-                    "kv_cache_mode": "fp32"}
+                    "kv_cache_mode": "fp16"}
     assert body["runtime"] == {"name": "tinyloop", "version": "0.1.0", "commit": "abc123", "device": "cpu"}
 
 
@@ -238,8 +238,8 @@ BAD_BODIES = [
                                   "verify_loops": 8}, 400, "draft_loops", "must be less than verify_loops"),
     ("/api/v0/chat/completions", {"model": "tl", "messages": HELLO, "mode": "speculative", "K_branches": 2},
      400, "K_branches", "tree_speculative only"),
-    ("/api/v0/chat/completions", {"model": "tl", "messages": HELLO, "cache_window": 64}, 400, "cache_window",
-     "not available"),
+    ("/api/v0/chat/completions", {"model": "tl", "messages": HELLO, "cache_window": -1}, 400, "cache_window",
+     ">= 0"),
     ("/api/v0/completions", {"model": "tl", "prompt": "x", "repetition_penalty": 3}, 400,
      "repetition_penalty", "[0.5, 2]"),
     ("/v1/completions", {"model": "tl", "prompt": ["a", "b"]}, 400, "prompt", "only one prompt"),
@@ -437,3 +437,24 @@ def test_engine_failure_marks_the_worker_failed(model_path, monkeypatch):
     again = post(app, "/generate", {"prompt": "Hi", "max_tokens": 3})
     assert again.status == 503 and again.json()["error"]["code"] == "worker_failed"
     assert run(call(app, "GET", "/metrics")).status == 200       # still answering
+
+
+def test_kv_cache_mode_and_window_through_the_api(model_path):
+    app = ready_app(model_path, kv_mode="int4-h")
+    body = post(app, "/api/v0/completions", {"model": "tl", "prompt": "Hello", "max_tokens": 30, "temperature": 0,
+                                             "cache_window": 16}).json()
+    assert body["model_info"]["kv_cache_mode"] == "int4-h"
+    loaded = app.state.loaded
+    ids = loaded.encode_prompt("Hello")
+    expected = generate(loaded.model, GenerationRequest(ids, 30, cache_window=16)).tokens
+    assert body["choices"][0]["text"] == loaded.tokenizer.decode(expected)
+    spec = post(app, "/generate/tree_speculative", {"prompt": "Hello", "max_tokens": 30, "cache_window": 16,
+                                                    "K_branches": 2, "verify_loops": 8}).json()
+    plain = post(app, "/generate", {"prompt": "Hello", "max_tokens": 30, "cache_window": 16, "loops": 8}).json()
+    assert spec["tokens"] == plain["tokens"]
+
+
+def test_kv_budget_refusal_is_a_400(model_path):
+    app = ready_app(model_path, kv_budget_bytes=1 << 16)
+    response = post(app, "/generate", {"prompt": "Hello", "max_tokens": 300, "loops": 8})
+    assert response.status == 400 and "TINYLOOP_KV_BUDGET_MB" in response.json()["error"]["message"]

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .errors import TinyLoopError
+from .kvcodecs import KV_MODES as KV_MODE_CHOICES
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -32,12 +33,12 @@ def cmd_generate(args) -> int:
         from .pull import ensure_default_model
         model = ensure_default_model()
     args.prompt = prompt
-    loaded = load_model(model, args.device)
+    loaded = load_model(model, args.device, args.kv_cache)
     prompt_ids = loaded.encode_prompt(args.prompt)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
-                                sampling=sampling)
+                                sampling=sampling, cache_window=args.cache_window)
     detok = StreamingDetokenizer(loaded.tokenizer)
     out = sys.stdout
     if args.echo:
@@ -53,6 +54,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from .kvcache import cache_bytes
+    from .kvcodecs import KV_MODES, codec_for
     from .modelfile import ModelFile
     from .weights import validate_tensors
 
@@ -73,10 +76,14 @@ def cmd_info(args) -> int:
             print(f"  {key}: {value}")
         loops = args.loops or c.default_loops
         c.check_loops(loops)
-        per_token = 2 * c.n_layer_instances(loops) * c.kv_dim * 4
-        print(f"KV cache at loops={loops}: {c.n_layer_instances(loops)} layer instances, "
-              f"{per_token} bytes per token (float32), "
-              f"{per_token * c.max_seq_len / 2**20:.1f} MiB at the full context of {c.max_seq_len}")
+        context = args.context or c.max_seq_len
+        instances = c.n_layer_instances(loops)
+        print(f"KV cache at loops={loops} ({instances} layer instances), context {context}:")
+        for mode in KV_MODES:
+            per_instance = 2 * codec_for(mode).bytes_per_row(c.n_kv_heads, c.head_dim)
+            total = cache_bytes(instances, c.n_kv_heads, c.head_dim, context, mode)
+            print(f"  {mode:<7} {per_instance:>6} bytes per token per layer instance, "
+                  f"{per_instance * instances:>8} per token, {total / 2**20:>9.1f} MiB")
     return 0
 
 
@@ -119,6 +126,8 @@ def cmd_serve(args) -> int:
         env["TINYLOOP_DEVICE"] = args.device
     if args.exit_on_failure:
         env["TINYLOOP_EXIT_ON_FAILURE"] = "1"
+    if args.kv_cache:
+        env["TINYLOOP_KV_CACHE"] = args.kv_cache
     os.environ.update(env)
     settings = Settings.from_env()            # validates every TINYLOOP_* setting up front
     if not settings.auth:
@@ -147,7 +156,7 @@ def cmd_eval_ppl(args) -> int:
     from .evaluate import perplexity
     from .loader import load_model
 
-    loaded = load_model(args.model, args.device)
+    loaded = load_model(args.model, args.device, args.kv_cache)
     try:
         text = open(args.textfile, encoding="utf-8").read()
     except OSError as exc:
@@ -188,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a .tinyloop file (default: the pulled default model, SmolLM2) and the prompt text")
     _add_sampling_args(p)
     p.add_argument("--echo", action="store_true", help="print the prompt before the completion")
+    p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
+                   help="KV cache mode (default: $TINYLOOP_KV_CACHE or fp16)")
+    p.add_argument("--cache-window", type=int, default=0, help="attend to the last N positions only (0 = all)")
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_generate)
 
@@ -207,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto, cpu or cuda")
     p.add_argument("--exit-on-failure", action="store_true",
                    help="exit the worker after an engine failure so a supervisor restarts it")
+    p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
+                   help="KV cache mode (sets TINYLOOP_KV_CACHE; default fp16)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
 
@@ -228,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loops", type=int, default=None, help="loop count (default: the model's default)")
     p.add_argument("--max-tokens", type=int, default=None, help="only the first N tokens of the text")
     p.add_argument("--device", default=None, help="auto, cpu or cuda")
+    p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
+                   help="KV cache mode (default: $TINYLOOP_KV_CACHE or fp16)")
     p.set_defaults(func=cmd_eval_ppl)
 
     p = sub.add_parser("convert", help="convert a GGUF (llama architecture) model to .tinyloop",
@@ -242,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print a .tinyloop file's config, quantization, tensors and size.")
     p.add_argument("model", help="path of a .tinyloop model file")
     p.add_argument("--loops", type=int, default=None, help="loops for the KV cache figures")
+    p.add_argument("--context", type=int, default=None, help="context for the KV cache figures "
+                                                             "(default: the model's max_seq_len)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("new-model", help="write a seeded random test model",

@@ -21,6 +21,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: tuple = ()                # in addition to the model's eos ids
     ignore_eos: bool = False
+    cache_window: int = 0                     # > 0: attend to the last cache_window positions only
 
 
 @dataclass
@@ -70,7 +71,38 @@ def check_request(model: LoopedTransformer, request: GenerationRequest, loops: i
     for token_id in request.stop_token_ids:
         if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < c.vocab_size:
             raise RequestError(f"stop token id {token_id!r} is outside the vocabulary", "stop")
+    window = request.cache_window
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise RequestError(f"cache_window must be an integer >= 0 (0 = full cache), got {window!r}",
+                           "cache_window")
     return loops
+
+
+def check_cache_budget(model: LoopedTransformer, capacity: int, loops: int, window: int,
+                       extra_slots: int = 0) -> None:
+    """Refuse a request whose KV cache would not fit the configured budget."""
+    budget = model.kv_budget_bytes
+    if budget is None:
+        return
+    need = model.cache_bytes(capacity, loops, extra_slots, window)
+    if need > budget:
+        slots = model.config.n_layer_instances(loops) + extra_slots
+        raise RequestError(
+            f"this request needs {need / 2**20:.1f} MiB of KV cache ({slots} layer instances, "
+            f"{'window ' + str(window) if window else str(capacity) + ' positions'}, {model.kv_mode}); the budget "
+            f"is {budget / 2**20:.1f} MiB (TINYLOOP_KV_BUDGET_MB). Lower max_tokens or loops, set cache_window, "
+            f"or use a quantized cache mode", "max_tokens")
+
+
+def prefill(model: LoopedTransformer, prompt, cache, loops: int):
+    """The prompt through the fast (GEMM) path, in as many pieces as the cache allows
+    (a ring buffer cannot take a whole long prompt at once). -> last logits (V,)."""
+    step = cache.max_rows_per_forward
+    for start in range(0, len(prompt), step):
+        stop = min(start + step, len(prompt))
+        logits = model.forward(prompt[start:stop], range(start, stop), cache, loops, exact=False, last_only=True)
+    cache.length = len(prompt)
+    return logits[0]
 
 
 def stop_ids(model: LoopedTransformer, request: GenerationRequest) -> frozenset:
@@ -101,14 +133,15 @@ def generate(model: LoopedTransformer, request: GenerationRequest, on_token=None
     n_prompt = len(prompt)
     sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
     sink = TokenSink(request.max_tokens, stop_ids(model, request), sampler, on_token, start)
-    cache = model.new_cache(n_prompt + request.max_tokens, loops)
+    capacity = n_prompt + request.max_tokens
+    check_cache_budget(model, capacity, loops, request.cache_window)
+    cache = model.new_cache(capacity, loops, window=request.cache_window)
 
     prefill_s = 0.0
     if is_cancelled():
         sink.cancel()
     else:
-        logits = model.forward(prompt, range(n_prompt), cache, loops, exact=False, last_only=True)[0]
-        cache.length = n_prompt
+        logits = prefill(model, prompt, cache, loops)
         prefill_s = time.perf_counter() - start
         while sink.push(sampler.sample(model.to_host(logits))):
             if is_cancelled():

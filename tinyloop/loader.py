@@ -5,6 +5,9 @@ import time
 from dataclasses import dataclass
 
 from .backend import Backend, select_backend
+from .errors import TinyLoopError
+from .kvcodecs import KV_MODES
+from .kvconfig import kv_mode_from_env
 from .model import LoopedTransformer
 from .modelfile import ModelFile
 from .tokenizer import Tokenizer
@@ -32,11 +35,20 @@ class LoadedModel:
         return self.with_bos(self.tokenizer.encode(text))
 
 
-def load_model(path, device: str | None = None) -> LoadedModel:
+def load_model(path, device: str | None = None, kv_mode: str | None = None,
+               kv_budget_bytes: int | None = None) -> LoadedModel:
+    """kv_mode None: from TINYLOOP_KV_* (default fp16)."""
     start = time.perf_counter()
     backend = select_backend(device)
+    mode = kv_mode or kv_mode_from_env()
+    if mode not in KV_MODES:
+        raise TinyLoopError(f"KV cache mode must be one of {', '.join(KV_MODES)}, got {mode!r}")
     model_file = ModelFile(path)
+    if mode == "int4-h" and model_file.config.head_dim & (model_file.config.head_dim - 1):
+        raise TinyLoopError(f"the int4-h KV cache needs a power-of-two head_dim; this model has "
+                            f"{model_file.config.head_dim}")
     weights = load_weights(model_file, backend.xp)
     tokenizer = Tokenizer(model_file.tokenizer_json, model_file.config.vocab_size)
-    model = LoopedTransformer(model_file.config, weights, backend.xp)
+    model = LoopedTransformer(model_file.config, weights, backend.xp, kv_mode=mode)
+    model.kv_budget_bytes = kv_budget_bytes
     return LoadedModel(model, tokenizer, model_file, backend, time.perf_counter() - start)

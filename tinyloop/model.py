@@ -19,7 +19,7 @@ import numpy as np
 
 from . import ops
 from .config import ModelConfig
-from .kvcache import KVCache
+from .kvcache import KVCache, cache_bytes
 from .ops import TreeRows
 from .weights import LayerWeights, ModelWeights
 
@@ -50,10 +50,12 @@ class Trunk:
 
 
 class LoopedTransformer:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, xp=np):
+    def __init__(self, config: ModelConfig, weights: ModelWeights, xp=np, kv_mode: str = "fp16"):
         self.config = config
         self.weights = weights
         self.xp = xp
+        self.kv_mode = kv_mode          # how every request's KV cache stores keys and values
+        self.kv_budget_bytes: int | None = None   # refuse requests whose cache would exceed it
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
         if config.positions == "rope":
             # (max_seq, hd/2) complex64
@@ -63,10 +65,15 @@ class LoopedTransformer:
         return array if self.xp is np else self.xp.asnumpy(array)
 
     # -- cache bookkeeping ------------------------------------------------------------
-    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0) -> KVCache:
+    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> KVCache:
         c = self.config
         return KVCache(c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
-                       capacity, xp=self.xp)
+                       capacity, self.kv_mode, window, xp=self.xp)
+
+    def cache_bytes(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> int:
+        c = self.config
+        return cache_bytes(c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim, capacity,
+                           self.kv_mode, window)
 
     def core_slot(self, iteration: int, index: int) -> int:
         return self.config.n_prelude + iteration * self.config.n_core + index
@@ -89,13 +96,14 @@ class LoopedTransformer:
             q = ops.apply_rope(q, rotation)
             k = ops.apply_rope(k, rotation)
         cache.write(slot, span.write_row, k, v)
-        keys, values = cache.slot(slot)
+        q = cache.rotate_queries(q)
         if exact:
-            attn = ops.attention_exact(q, keys, values, span.positions, self.scale, span.tree)
+            attn = ops.attention_exact(q, cache.reader(slot), span.positions, self.scale, span.tree, cache.window)
         else:
             if span.tree is not None:
                 raise ValueError("draft trees need the exact attention path")
-            attn = ops.attention_bulk(q, keys, values, span.positions, self.scale)
+            attn = ops.attention_bulk(q, cache.reader(slot), span.positions, self.scale, cache.window)
+        attn = cache.restore_output(attn)
         h = h + ops.linear(attn.reshape(n_tokens, c.q_dim), weights.out, weights.out_bias, exact)
 
         x = self._norm(h, weights.mlp_norm)

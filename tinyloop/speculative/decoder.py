@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from ..generate import GenerationRequest, GenerationResult, cancel_check, check_request, stop_ids
+from ..generate import (GenerationRequest, GenerationResult, cancel_check, check_cache_budget, check_request,
+                        stop_ids)
 from ..model import LoopedTransformer, Span, Trunk
 from ..output import TokenSink
 from ..sampling import Sampler
@@ -74,7 +75,9 @@ class SpeculativeDecoder:
         self.verify_coda = model.coda_base(params.verify_loops)
         self.draft_coda = c.n_layer_instances(params.verify_loops)        # the extra slots
         capacity = len(self.prompt) + request.max_tokens + MAX_TREE_NODES  # tree rows may overhang
-        self.cache = model.new_cache(capacity, params.verify_loops, extra_slots=c.n_coda)
+        check_cache_budget(model, capacity, params.verify_loops, request.cache_window, c.n_coda)
+        self.cache = model.new_cache(capacity, params.verify_loops, extra_slots=c.n_coda,
+                                     window=request.cache_window)
         self.next_token: int | None = None     # accepted, not yet run through the model
         self.prefill_s = 0.0
 
@@ -84,11 +87,14 @@ class SpeculativeDecoder:
         draft coda's cache rows for the prompt (from the same pass's state at draft_loops)."""
         model, d, v = self.model, self.params.draft_loops, self.params.verify_loops
         n_prompt = len(self.prompt)
-        span = Span.contiguous(0, n_prompt)
-        trunk = model.trunk(self.prompt, span, self.cache, d, exact=False)
-        model.coda(trunk.hidden, span, self.cache, self.draft_coda, exact=False)
-        trunk = model.resume(trunk, span, self.cache, v, exact=False)
-        hidden = model.coda(trunk.hidden, span, self.cache, self.verify_coda, exact=False)
+        step = self.cache.max_rows_per_forward        # the same pieces as plain prefill
+        for start in range(0, n_prompt, step):
+            stop = min(start + step, n_prompt)
+            span = Span.contiguous(start, stop - start)
+            trunk = model.trunk(self.prompt[start:stop], span, self.cache, d, exact=False)
+            model.coda(trunk.hidden, span, self.cache, self.draft_coda, exact=False)
+            trunk = model.resume(trunk, span, self.cache, v, exact=False)
+            hidden = model.coda(trunk.hidden, span, self.cache, self.verify_coda, exact=False)
         logits = model.to_host(model.head(hidden[-1:], exact=False))[0]
         self.cache.length = n_prompt
         self.prefill_s = time.perf_counter() - self.sink.start

@@ -1,0 +1,62 @@
+"""The KV cache mode from the environment, as the API document spells it, plus one
+clearer variable:
+
+    TINYLOOP_KV_CACHE=fp16|int8|int4|int4-h|fp32      (default fp16)
+    TINYLOOP_KV_INT8=1                                -> int8
+    TINYLOOP_KV_INT4=1                                -> int4
+    TINYLOOP_KV_INT4=1 TINYLOOP_KV_H_MODE=1           -> int4-h
+    TINYLOOP_KV_BUDGET_MB=N                           refuse requests needing more cache
+
+Settings that disagree are an error naming them (the server refuses to start).
+"""
+from __future__ import annotations
+
+import os
+
+from .errors import TinyLoopError
+from .kvcodecs import KV_MODES
+
+
+def _flag(env, name) -> bool:
+    value = env.get(name)
+    if value is None or value == "":
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
+
+
+def kv_mode_from_env(env=None) -> str:
+    env = os.environ if env is None else env
+    int8, int4, hadamard = (_flag(env, "TINYLOOP_KV_INT8"), _flag(env, "TINYLOOP_KV_INT4"),
+                            _flag(env, "TINYLOOP_KV_H_MODE"))
+    if int8 and int4:
+        raise TinyLoopError("TINYLOOP_KV_INT8=1 and TINYLOOP_KV_INT4=1 conflict: choose one cache mode")
+    if hadamard and not int4:
+        raise TinyLoopError("TINYLOOP_KV_H_MODE=1 needs TINYLOOP_KV_INT4=1 (the Hadamard rotation is for "
+                            "the int4 cache: int4-h)" + (", not TINYLOOP_KV_INT8=1" if int8 else ""))
+    legacy = "int8" if int8 else "int4-h" if hadamard else "int4" if int4 else None
+    explicit = env.get("TINYLOOP_KV_CACHE") or None
+    if explicit is not None and explicit not in KV_MODES:
+        raise TinyLoopError(f"TINYLOOP_KV_CACHE must be one of {', '.join(KV_MODES)}, got {explicit!r}")
+    if explicit and legacy and explicit != legacy:
+        flags = " ".join(f"{n}=1" for n, on in (("TINYLOOP_KV_INT8", int8), ("TINYLOOP_KV_INT4", int4),
+                                                  ("TINYLOOP_KV_H_MODE", hadamard)) if on)
+        raise TinyLoopError(f"TINYLOOP_KV_CACHE={explicit} conflicts with {flags} (which means {legacy})")
+    return explicit or legacy or "fp16"
+
+
+def kv_budget_from_env(env=None) -> int | None:
+    env = os.environ if env is None else env
+    value = env.get("TINYLOOP_KV_BUDGET_MB")
+    if value is None or value == "":
+        return None
+    try:
+        megabytes = float(value)
+    except ValueError:
+        raise TinyLoopError(f"TINYLOOP_KV_BUDGET_MB must be a number of MiB, got {value!r}") from None
+    if not megabytes > 0:
+        raise TinyLoopError(f"TINYLOOP_KV_BUDGET_MB must be positive, got {value!r}")
+    return int(megabytes * 2**20)
