@@ -65,7 +65,8 @@ LMSTUDIO_EXTRAS = {
     "verify_loops": Field("integer", 8, low=1, high=64, doc="Verify loop depth (speculative modes)"),
     "draft_ahead": Field("integer", 4, low=1, high=16, doc="Draft tokens per round / tree depth"),
     "K_branches": Field("integer", 1, low=1, high=16, doc="Tree branching factor (tree_speculative)"),
-    "cache_window": Field("integer", 0, low=0, doc="Sliding-window KV cap (0 = full)"),
+    "cache_window": Field("integer", 0, low=0, doc="Attend to the last N positions only, with a bounded "
+                                                  "ring-buffer cache (0 = full)"),
     "repetition_penalty": Field("number", 1.0, low=0.5, high=2.0),
 }
 ELSEWHERE = {name: "it is a TinyLoop extension accepted on /api/v0/*" for name in LMSTUDIO_EXTRAS}

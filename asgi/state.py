@@ -99,7 +99,8 @@ class ServerState:
         return {"arch": c.arch, "dim": c.dim, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
                 "ffn_dim": c.ffn_dim, "vocab_size": c.vocab_size, "default_loops": c.default_loops,
                 "min_loops": c.min_loops, "max_loops": c.max_loops, "max_seq_len": c.max_seq_len,
-                "quant": self.loaded.file.quant_summary(), "kv_cache_mode": self.kv_cache_mode}
+                "quant": self.loaded.file.quant_summary(), "quantization": self.loaded.file.quant_details(),
+                "kv_cache_mode": self.kv_cache_mode}
 
     def runtime(self) -> dict:
         return {"name": "tinyloop", "version": __version__, "commit": self.settings.commit,

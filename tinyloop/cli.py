@@ -67,9 +67,11 @@ def cmd_info(args) -> int:
         print(f"size:           {model_file.file_size / 2**20:.1f} MiB "
               f"({len(model_file.tensor_names)} stored tensors, {len(model_file.weight_names())} weights)")
         print(f"quantization:   {model_file.quant_summary()}")
-        for name, spec in sorted(model_file.quantization.items())[:1]:
-            print(f"  e.g. {name}: {spec['bits']}-bit, group {spec['group_size']}, "
-                  f"method {spec['method']}{', act-order' if spec.get('act_order') else ''}")
+        details = model_file.quant_details()
+        if details:
+            print(f"  {details['tensors']} quantized weights: bits {details['bits']}, group size "
+                  f"{details['group_size']}, method {', '.join(details['method'])}"
+                  f"{', act-order' if details['act_order'] else ''}")
         print(f"chat template:  {model_file.chat_template or '(none)'}")
         print("config:")
         for key, value in c.to_dict().items():
@@ -172,6 +174,22 @@ def cmd_eval_ppl(args) -> int:
     return 0
 
 
+def cmd_quantize(args) -> int:
+    from .quantize.pipeline import quantize_file
+
+    text = None
+    if args.calibration:
+        try:
+            text = open(args.calibration, encoding="utf-8").read()
+        except OSError as exc:
+            raise TinyLoopError(f"cannot read {args.calibration}: {exc.strerror}") from None
+    quantize_file(args.input, args.output, args.bits, args.group_size, args.method, args.act_order, text,
+                  args.calibration_tokens, args.seq_len, args.loops, args.damp, args.quantize_embeddings)
+    print(f"wrote {args.output}: int{args.bits}, group {args.group_size}, {args.method}"
+          f"{' + act-order' if args.act_order else ''}")
+    return 0
+
+
 def cmd_convert(args) -> int:
     from .convert.from_gguf import convert_gguf
 
@@ -245,6 +263,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
                    help="KV cache mode (default: $TINYLOOP_KV_CACHE or fp16)")
     p.set_defaults(func=cmd_eval_ppl)
+
+    p = sub.add_parser("quantize", help="re-quantize a model's linear weights (RTN or GPTQ)",
+                       description="Quantize every linear weight of IN to int8/int4/int2 with groups along the "
+                                   "input dimension, by round-to-nearest or GPTQ calibrated layer by layer on "
+                                   "TEXTFILE. Embeddings and the head stay as stored unless "
+                                   "--quantize-embeddings.")
+    p.add_argument("input", help="the .tinyloop model to quantize (quantized weights are dequantized first)")
+    p.add_argument("output", help="the .tinyloop file to write")
+    p.add_argument("--bits", type=int, choices=(8, 4, 2), required=True)
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=128)
+    p.add_argument("--method", choices=("gptq", "rtn"), default="gptq")
+    p.add_argument("--act-order", action="store_true", help="GPTQ in order of decreasing Hessian diagonal")
+    p.add_argument("--calibration", default=None, help="calibration text file (needed for gptq)")
+    p.add_argument("--calibration-tokens", type=int, default=4096, help="calibration tokens (default 4096)")
+    p.add_argument("--seq-len", type=int, default=512, help="calibration sequence length (default 512)")
+    p.add_argument("--loops", type=int, default=None, help="loops to calibrate at (default: the model's)")
+    p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping, times the mean diagonal")
+    p.add_argument("--quantize-embeddings", action="store_true", help="also quantize embeddings and head (RTN)")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("convert", help="convert a GGUF (llama architecture) model to .tinyloop",
                        description="Convert a GGUF v2/v3 llama-architecture model to .tinyloop without loss. "

@@ -82,11 +82,17 @@ class LoopedTransformer:
         return self.config.n_prelude + self.config.n_core * loops
 
     # -- one layer ----------------------------------------------------------------------
-    def layer(self, weights: LayerWeights, h, span: Span, cache: KVCache, slot: int, exact: bool):
-        """One pre-norm transformer layer; writes this instance's keys/values. h: (T, D)."""
+    def layer(self, weights: LayerWeights, h, span: Span, cache: KVCache, slot: int, exact: bool,
+              capture=None):
+        """One pre-norm transformer layer; writes this instance's keys/values. h: (T, D).
+
+        capture(name, x), if given, sees the input of each linear: "qkv", "out", "up",
+        "down" (the quantizer's calibration hook)."""
         c = self.config
         n_tokens = h.shape[0]
         x = self._norm(h, weights.attn_norm)
+        if capture:
+            capture("qkv", x)
         qkv = ops.linear(x, weights.qkv, weights.qkv_bias, exact)          # (T, q_dim + 2 kv_dim)
         q = qkv[:, :c.q_dim].reshape(n_tokens, c.n_heads, c.head_dim)
         k = qkv[:, c.q_dim:c.q_dim + c.kv_dim].reshape(n_tokens, c.n_kv_heads, c.head_dim)
@@ -103,15 +109,21 @@ class LoopedTransformer:
             if span.tree is not None:
                 raise ValueError("draft trees need the exact attention path")
             attn = ops.attention_bulk(q, cache.reader(slot), span.positions, self.scale, cache.window)
-        attn = cache.restore_output(attn)
-        h = h + ops.linear(attn.reshape(n_tokens, c.q_dim), weights.out, weights.out_bias, exact)
+        attn = cache.restore_output(attn).reshape(n_tokens, c.q_dim)
+        if capture:
+            capture("out", attn)
+        h = h + ops.linear(attn, weights.out, weights.out_bias, exact)
 
         x = self._norm(h, weights.mlp_norm)
+        if capture:
+            capture("up", x)
         up = ops.linear(x, weights.up, weights.up_bias, exact)              # (T, ffn) or (T, 2 ffn)
         if c.mlp == "swiglu":
             act = ops.silu(up[:, :c.ffn_dim]) * up[:, c.ffn_dim:]
         else:
             act = ops.gelu_tanh(up)
+        if capture:
+            capture("down", act)
         return h + ops.linear(act, weights.down, weights.down_bias, exact)
 
     # -- the pieces of the forward -------------------------------------------------------

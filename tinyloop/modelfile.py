@@ -244,6 +244,15 @@ class ModelFile:
                 return label
         return "mixed" if kinds else "none"
 
+    def quant_details(self) -> dict | None:
+        """Bits, group sizes, methods and act-order of the quantized weights (None if none)."""
+        if not self.quantization:
+            return None
+        specs = list(self.quantization.values())
+        return {"bits": sorted({s["bits"] for s in specs}), "group_size": sorted({s["group_size"] for s in specs}),
+                "method": sorted({s.get("method", "rtn") for s in specs}),
+                "act_order": any(s.get("act_order") for s in specs), "tensors": len(specs)}
+
     @property
     def data_bytes(self) -> int:
         return self.file_size - self.data_start
