@@ -65,10 +65,25 @@ def test_pack_unpack_round_trip_for_every_width(bits, shape):
     assert np.array_equal(unpack_codes(pack_codes(codes, bits), bits), codes)
 
 
-@pytest.mark.parametrize("bits, group, in_dim", [(4, 128, 200), (2, 64, 96), (4, 32, 48)])
-def test_groups_that_do_not_divide_are_refused_clearly(bits, group, in_dim):
-    weight = np.zeros((4, in_dim), np.float32)
-    with pytest.raises(ValueError, match=rf"input dimension \({in_dim}\) must be a multiple of group_size"):
-        gptq_quantize(weight, np.eye(in_dim), bits, group)
-    with pytest.raises(ValueError, match="multiple of group_size"):
-        quantize_rtn(weight, bits, group)
+@pytest.mark.parametrize("bits, group, in_dim", [(4, 128, 200), (2, 64, 96), (4, 32, 48), (4, 128, 576)])
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_widths_that_groups_do_not_divide_are_padded(bits, group, in_dim, method):
+    rng = np.random.default_rng(in_dim)
+    weight = rng.standard_normal((6, in_dim)).astype(np.float32)
+    x = correlated_inputs(rng, 400, in_dim)
+    if method == "rtn":
+        q = quantize_rtn(weight, bits, group)
+    else:
+        q = gptq_quantize(weight, hessian_of(x), bits, group, act_order=True)
+    padded = -(-in_dim // group) * group
+    assert q.shape == (6, in_dim) and q.padded_in == padded
+    assert q.spec()["shape"] == [6, in_dim] and q.spec()["padded_in"] == padded
+    restored = dequantize(q)
+    assert restored.shape == (6, in_dim)
+    rtn = quantize_rtn(weight, bits, group)
+    if method == "rtn":
+        step = np.repeat(rtn.scale.astype(np.float32), group, axis=1)[:, :in_dim]
+        assert np.all(np.abs(restored - weight) <= step / 2 * (1 + 1e-3) + 1e-6)
+    else:
+        error = np.mean((x @ restored.T - x @ weight.T) ** 2)
+        assert error < np.mean((x @ dequantize(rtn).T - x @ weight.T) ** 2)

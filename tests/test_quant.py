@@ -42,6 +42,13 @@ def test_act_order_permutation_restores_column_order():
     assert np.array_equal(dequantize(permuted)[:, perm], dequantize(q))
 
 
-def test_group_size_must_divide_the_row():
-    with pytest.raises(ValueError, match="multiple of group_size"):
-        quantize_rtn(np.zeros((2, 48), np.float32), 4, 32)
+def test_rows_that_groups_do_not_divide_are_padded_and_round_trip(tmp_path):
+    from tinyloop.config import ModelConfig
+    rng = np.random.default_rng(2)
+    weight = rng.standard_normal((3, 48)).astype(np.float32)
+    q = quantize_rtn(weight, 4, 32, scale_dtype=np.float32)
+    assert q.codes.shape == (3, 32) and q.shape == (3, 48)
+    step = np.repeat(q.scale, 32, axis=1)[:, :48]
+    assert np.all(np.abs(dequantize(q) - weight) <= step / 2 + 1e-5)
+    with pytest.raises(ValueError, match="multiple of 2 for 4-bit"):
+        quantize_rtn(weight, 4, 3)

@@ -83,9 +83,12 @@ def test_refusals(quantized, tmp_path):
         quantize_file(source, tmp_path / "x.tinyloop", 4, 32, "gptq", False, None, progress=False)
     with pytest.raises(TinyLoopError, match="act-order applies to --method gptq only"):
         quantize_file(source, tmp_path / "x.tinyloop", 4, 32, "rtn", True, None, progress=False)
-    with pytest.raises(TinyLoopError, match="input dimension \\(64\\) must be a multiple of group_size \\(128\\)"):
-        quantize_file(source, tmp_path / "x.tinyloop", 4, 128, "rtn", False, None, progress=False)
     assert not (tmp_path / "x.tinyloop").exists()
+    # widths the group size does not divide are padded, not refused (64-wide inputs, groups of 128)
+    quantize_file(source, tmp_path / "g128.tinyloop", 4, 128, "rtn", False, None, progress=False)
+    spec = ModelFile(tmp_path / "g128.tinyloop").quantization["core.0.attn.q.weight"]
+    assert spec["shape"] == [64, 64] and spec["padded_in"] == 128
+    assert load_model(tmp_path / "g128.tinyloop").model is not None
 
 
 def test_quantize_cli(quantized, tmp_path, capsys):

@@ -221,9 +221,12 @@ class ModelFile:
                 array = (array.astype(np.uint32) << 16).view(np.float32)
             return array
         perm = self.raw(f"{name}.qperm") if spec.get("act_order") else None
-        return QuantizedTensor(self.raw(f"{name}.qcodes"), self.raw(f"{name}.qscale"),
-                               self.raw(f"{name}.qmin"), int(spec["bits"]),
-                               int(spec["group_size"]), spec.get("method", "rtn"), perm)
+        tensor = QuantizedTensor(self.raw(f"{name}.qcodes"), self.raw(f"{name}.qscale"),
+                                 self.raw(f"{name}.qmin"), int(spec["bits"]),
+                                 int(spec["group_size"]), spec.get("method", "rtn"), perm)
+        if tensor.padded_in != spec["shape"][1]:
+            tensor.in_features = int(spec["shape"][1])
+        return tensor
 
     def weight_shape(self, name: str) -> tuple:
         spec = self.quantization.get(name)

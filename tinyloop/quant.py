@@ -12,6 +12,11 @@ in byte i // (8 // bits) at bit offset (i % (8 // bits)) * bits.
 With act-order, the columns were quantized in the order `perm`; the codes are stored
 in that order (so groups stay contiguous) and `perm[j]` names the original column of
 stored column j.
+
+An input dimension that is not a multiple of the group size is padded to the next
+multiple (the padding repeats the row's last values, so group ranges do not change);
+the codes hold the padded width, `in_features` the real one, and dequantization drops
+the padding. SmolLM2's 576-wide inputs with groups of 128, for example, store 640.
 """
 from __future__ import annotations
 
@@ -30,26 +35,42 @@ class QuantizedTensor:
     bits: int
     group_size: int
     method: str = "rtn"
-    perm: np.ndarray | None = None   # (in,) int32 or None
+    perm: np.ndarray | None = None   # (padded in,) int32 or None
+    in_features: int | None = None   # the real input width when codes are padded
+
+    @property
+    def padded_in(self) -> int:
+        return self.codes.shape[1] * 8 // self.bits
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.codes.shape[0], self.codes.shape[1] * 8 // self.bits)
+        return (self.codes.shape[0], self.in_features or self.padded_in)
 
     def spec(self) -> dict:
         """The header entry that describes this tensor's quantization."""
-        return {"bits": self.bits, "group_size": self.group_size, "method": self.method,
+        spec = {"bits": self.bits, "group_size": self.group_size, "method": self.method,
                 "act_order": self.perm is not None, "shape": list(self.shape)}
+        if self.shape[1] != self.padded_in:
+            spec["padded_in"] = self.padded_in
+        return spec
 
 
-def check_layout(bits: int, group_size: int, n_in: int) -> None:
+def check_layout(bits: int, group_size: int) -> None:
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
     if group_size < 1 or group_size % (8 // bits):
         raise ValueError(f"group_size must be a positive multiple of {8 // bits} for {bits}-bit codes, "
                          f"got {group_size}")
-    if n_in % group_size:
-        raise ValueError(f"the input dimension ({n_in}) must be a multiple of group_size ({group_size})")
+
+
+def padded_width(n_in: int, group_size: int) -> int:
+    return -(-n_in // group_size) * group_size
+
+
+def pad_columns(weight: np.ndarray, group_size: int) -> np.ndarray:
+    """(out, in) -> (out, padded in), repeating each row's last value."""
+    extra = padded_width(weight.shape[1], group_size) - weight.shape[1]
+    return np.pad(weight, ((0, 0), (0, extra)), mode="edge") if extra else weight
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -92,15 +113,16 @@ def dequantize(tensor: QuantizedTensor, dtype=np.float32) -> np.ndarray:
         restored = np.empty_like(weight)
         restored[:, tensor.perm] = weight
         weight = restored
-    return weight
+    return weight[:, :tensor.shape[1]] if tensor.shape[1] != in_dim else weight
 
 
 def quantize_rtn(weight: np.ndarray, bits: int, group_size: int,
                  scale_dtype=np.float16) -> QuantizedTensor:
     """Round-to-nearest asymmetric quantization of an (out, in) weight."""
-    weight = np.asarray(weight, np.float32)
+    in_features = weight.shape[1]
+    check_layout(bits, group_size)
+    weight = pad_columns(np.asarray(weight, np.float32), group_size)
     out_dim, in_dim = weight.shape
-    check_layout(bits, group_size, in_dim)
     levels = (1 << bits) - 1
     grouped = weight.reshape(out_dim, in_dim // group_size, group_size)  # (out, groups, g)
     low = grouped.min(axis=2)
@@ -111,4 +133,5 @@ def quantize_rtn(weight: np.ndarray, bits: int, group_size: int,
     safe = np.where(scale32 == 0, 1.0, scale32)[:, :, None]
     codes = np.clip(np.rint((grouped - offset.astype(np.float32)[:, :, None]) / safe), 0, levels)
     codes = codes.reshape(out_dim, in_dim).astype(np.uint8)
-    return QuantizedTensor(pack_codes(codes, bits), scale, offset, bits, group_size, "rtn")
+    return QuantizedTensor(pack_codes(codes, bits), scale, offset, bits, group_size, "rtn",
+                           in_features=in_features if in_features != in_dim else None)

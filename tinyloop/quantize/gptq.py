@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import QuantizedTensor, check_layout, pack_codes
+from ..quant import QuantizedTensor, check_layout, pack_codes, pad_columns
 
 
 def group_params(columns: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -26,16 +26,22 @@ def group_params(columns: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarr
 
 def gptq_quantize(weight: np.ndarray, hessian: np.ndarray, bits: int, group_size: int,
                   act_order: bool = False, damp: float = 0.01, block: int = 128) -> QuantizedTensor:
-    """weight: (out, in); hessian: (in, in) -> a QuantizedTensor (method "gptq")."""
-    out_dim, in_dim = weight.shape
-    check_layout(bits, group_size, in_dim)
+    """weight: (out, in); hessian: (in, in) -> a QuantizedTensor (method "gptq").
+
+    An input width that is not a multiple of group_size is padded (quant.py); the padded
+    inputs have a zero Hessian, so GPTQ treats them as dead and never spreads error there."""
+    in_features = weight.shape[1]
+    check_layout(bits, group_size)
+    W = np.array(pad_columns(np.asarray(weight, np.float32), group_size), dtype=np.float64)   # (out, in)
+    out_dim, in_dim = W.shape
+    H = np.zeros((in_dim, in_dim))                                    # (in, in)
+    H[:in_features, :in_features] = hessian
     block = max(group_size, block // group_size * group_size)        # groups never straddle blocks
     levels = (1 << bits) - 1
-    W = np.array(weight, dtype=np.float64)                            # (out, in)
-    H = np.array(hessian, dtype=np.float64)                           # (in, in)
     dead = np.diag(H) == 0
     H[dead, dead] = 1.0
-    W[:, dead] = 0.0
+    padding = np.arange(in_dim) >= in_features
+    W[:, dead & ~padding] = 0.0          # padding keeps its (edge) values: group ranges stay put
     perm = np.argsort(-np.diag(H), kind="stable") if act_order else np.arange(in_dim)
     W, H = W[:, perm], H[perm][:, perm]
     H[np.diag_indices(in_dim)] += damp * np.mean(np.diag(H))
@@ -65,7 +71,8 @@ def gptq_quantize(weight: np.ndarray, hessian: np.ndarray, bits: int, group_size
             errors[:, i] = err
         W[:, stop:] -= errors @ U[start:stop, stop:]
     return QuantizedTensor(pack_codes(codes, bits), scales, mins, bits, group_size, "gptq",
-                           perm.astype(np.int32) if act_order else None)
+                           perm.astype(np.int32) if act_order else None,
+                           in_features if in_features != in_dim else None)
 
 
 def hessian_of(inputs: np.ndarray) -> np.ndarray:

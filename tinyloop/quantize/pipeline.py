@@ -38,7 +38,7 @@ def split_rows(tensor: QuantizedTensor, sizes: list[int]) -> list[QuantizedTenso
     for size in sizes:
         rows = slice(start, start + size)
         out.append(QuantizedTensor(tensor.codes[rows], tensor.scale[rows], tensor.min[rows], tensor.bits,
-                                   tensor.group_size, tensor.method, tensor.perm))
+                                   tensor.group_size, tensor.method, tensor.perm, tensor.in_features))
         start += size
     return out
 
@@ -71,13 +71,10 @@ class Quantizer:
         self.act_order, self.damp = act_order, damp
         self.quantize_embeddings = quantize_embeddings
         self.progress = progress
-        c = self.config
-        for dim in {c.dim, c.q_dim, c.ffn_dim}:
-            try:
-                check_layout(bits, group_size, dim)
-            except ValueError as exc:
-                raise TinyLoopError(f"cannot quantize this model with bits {bits}, group size {group_size}: "
-                                    f"{exc}") from None
+        try:
+            check_layout(bits, group_size)
+        except ValueError as exc:
+            raise TinyLoopError(f"cannot quantize with bits {bits}, group size {group_size}: {exc}") from None
         self.results: dict[str, QuantizedTensor] = {}
 
     # -- one fused matrix ----------------------------------------------------------------
