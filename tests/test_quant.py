@@ -42,8 +42,7 @@ def test_act_order_permutation_restores_column_order():
     assert np.array_equal(dequantize(permuted)[:, perm], dequantize(q))
 
 
-def test_rows_that_groups_do_not_divide_are_padded_and_round_trip(tmp_path):
-    from tinyloop.config import ModelConfig
+def test_rows_that_groups_do_not_divide_are_padded_and_round_trip():
     rng = np.random.default_rng(2)
     weight = rng.standard_normal((3, 48)).astype(np.float32)
     q = quantize_rtn(weight, 4, 32, scale_dtype=np.float32)

@@ -44,13 +44,18 @@ def split_rows(tensor: QuantizedTensor, sizes: list[int]) -> list[QuantizedTenso
 
 
 class HessianCollector:
-    def __init__(self, dim: int):
-        self.sum = np.zeros((dim, dim), np.float64)
+    """A capture hook that accumulates 2 X^T X / n over one linear's inputs."""
+
+    def __init__(self, sublayer: str):
+        self.sublayer = sublayer
+        self.sum = None
         self.count = 0
 
-    def add(self, x) -> None:
+    def __call__(self, name: str, x) -> None:
+        if name != self.sublayer:
+            return
         x = np.asarray(x, np.float64)
-        self.sum += x.T @ x
+        self.sum = x.T @ x if self.sum is None else self.sum + x.T @ x
         self.count += len(x)
 
     @property
@@ -138,16 +143,9 @@ class Quantizer:
     def _sequential_block(self, stage, index, states, spans, bar):
         weights = self.loaded.model.weights.layers[stage][index]
         for sublayer in SUBLAYERS:
-            collector = None
-
-            def capture(name, x, sublayer=sublayer):
-                nonlocal collector
-                if name == sublayer:
-                    collector = collector or HessianCollector(x.shape[1])
-                    collector.add(x)
-
+            collector = HessianCollector(sublayer)
             for h, span in zip(states, spans):
-                self._run_layer(weights, h, span, capture)
+                self._run_layer(weights, h, span, collector)
             self.quantize_sublayer(stage, index, sublayer, collector.hessian)
         self._done += 1
         bar.update(self._done, f"{stage}.{index}")
@@ -169,15 +167,8 @@ class Quantizer:
     def _looped_core(self, states, spans, loops, bar):
         for index in range(self.config.n_core):
             for sublayer in SUBLAYERS:
-                collector = None
-
-                def capture(name, x, sublayer=sublayer):
-                    nonlocal collector
-                    if name == sublayer:
-                        collector = collector or HessianCollector(x.shape[1])
-                        collector.add(x)
-
-                self._core_pass(states, spans, loops, index, capture)
+                collector = HessianCollector(sublayer)
+                self._core_pass(states, spans, loops, index, collector)
                 self.quantize_sublayer("core", index, sublayer, collector.hessian)
             self._done += 1
             bar.update(self._done, f"core.{index} ({loops} loops)")
