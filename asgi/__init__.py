@@ -1,5 +1,9 @@
-"""The raw ASGI HTTP app (OpenAI, LM Studio-style and native routes).
+"""The raw ASGI HTTP app (OpenAI, LM Studio-style and native routes), no framework.
 
-Not built yet: the HTTP server is its own issue. Until it lands, use the
-`tinyloop generate` command line.
+    granian --interface asgi asgi.app:app        (or: tinyloop serve)
+
+app.py routes and answers errors; schema.py / fields.py validate bodies; prepare.py
+turns them into engine requests; generation.py moves tokens from the engine thread to
+the event loop (text, stop strings, disconnects); openai_routes.py and
+native_routes.py shape responses and SSE; state.py holds the model and engine.
 """
