@@ -62,6 +62,20 @@ def _check_number(name, value, low, high, low_open=False):
         raise RequestError(f"{name} must be in {bracket}{low}, {high}], got {value}", name)
 
 
+def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
+    """The k best ids (all if k is 0 or >= V), by score descending, ties to the lower id."""
+    if 0 < k < scores.shape[0]:
+        # Everything strictly above the k-th value, then ties at it by lower id.
+        kth = np.partition(scores, -k)[-k]
+        above = np.flatnonzero(scores > kth)
+        tied = np.flatnonzero(scores == kth)[:k - above.shape[0]]
+        ids = np.concatenate([above, tied])
+    else:
+        ids = np.arange(scores.shape[0])
+    order = np.lexsort((ids, -scores[ids]))
+    return ids[order]
+
+
 class Sampler:
     """Per-request sampling state: the random generator and the token history."""
 
@@ -131,18 +145,7 @@ class Sampler:
         return probs
 
     def _top_k_candidates(self, scores: np.ndarray) -> np.ndarray:
-        """Ids sorted by score descending, ties to the lower id; at most top_k of them."""
-        k = self.params.top_k
-        if 0 < k < scores.shape[0]:
-            # Everything strictly above the k-th value, then ties at it by lower id.
-            kth = np.partition(scores, -k)[-k]
-            above = np.flatnonzero(scores > kth)
-            tied = np.flatnonzero(scores == kth)[:k - above.shape[0]]
-            ids = np.concatenate([above, tied])
-        else:
-            ids = np.arange(scores.shape[0])
-        order = np.lexsort((ids, -scores[ids]))
-        return ids[order]
+        return top_k_ids(scores, self.params.top_k)
 
     def greedy_token(self, logits) -> int:
         return int(np.argmax(self.penalized(logits)))

@@ -26,7 +26,7 @@ from ..generate import (GenerationRequest, GenerationResult, cancel_check, check
                         stop_ids)
 from ..model import LoopedTransformer, Span, Trunk
 from ..output import TokenSink
-from ..sampling import Sampler
+from ..sampling import Sampler, top_k_ids
 from .acceptance import accept_greedy, accept_sampled
 from .params import MAX_TREE_NODES, SpeculativeParams, SpeculativeStats
 from .tree import DraftTree
@@ -142,7 +142,7 @@ class SpeculativeDecoder:
             with self.sampler.assuming(tree.path_tokens(node)):
                 scores = self.sampler.penalized(logits[row])
             log_probs = scores - (scores.max() + np.log(np.exp(scores - scores.max()).sum()))
-            top = np.lexsort((np.arange(scores.shape[0]), -scores))[:k]      # best first, low id on ties
+            top = top_k_ids(scores, k)[:k]                                 # best first, low id on ties
             base = tree.nodes[node].score
             candidates += [(-(base + log_probs[t]), row, int(t), node) for t in top]
         candidates.sort()
