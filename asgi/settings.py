@@ -5,23 +5,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tinyloop.env import env_flag
 from tinyloop.errors import TinyLoopError
 from tinyloop.kvconfig import kv_budget_from_env, kv_mode_from_env
-
-TRUE = ("1", "true", "yes", "on")
-FALSE = ("0", "false", "no", "off", "")
-
-
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value.lower() in TRUE:
-        return True
-    if value.lower() in FALSE:
-        return False
-    raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
-
 
 def _int(name: str, default: int, low: int) -> int:
     value = os.environ.get(name)
@@ -60,11 +46,11 @@ class Settings:
         return cls(
             model_path=os.environ.get("TINYLOOP_MODEL_PATH") or None,
             api_key=os.environ.get("TINYLOOP_API_KEY") or None,
-            auth=_flag("TINYLOOP_AUTH", True),
+            auth=env_flag(os.environ, "TINYLOOP_AUTH", True),
             state_dir=Path(os.environ.get("TINYLOOP_STATE_DIR") or default_state_dir()),
             max_waiting=_int("TINYLOOP_MAX_WAITING", 8, 0),
             max_body_bytes=_int("TINYLOOP_MAX_BODY_BYTES", 1 << 20, 1024),
-            exit_on_failure=_flag("TINYLOOP_EXIT_ON_FAILURE", False),
+            exit_on_failure=env_flag(os.environ, "TINYLOOP_EXIT_ON_FAILURE"),
             commit=os.environ.get("TINYLOOP_COMMIT") or None,
             device=os.environ.get("TINYLOOP_DEVICE") or None,
             kv_mode=kv_mode_from_env(),

@@ -86,7 +86,7 @@ def test_context_overflow_is_rejected_with_the_numbers(tiny):
     (dict(prompt_ids=[]), "at least one token"),
     (dict(prompt_ids=[1, 99999]), "outside the vocabulary"),
     (dict(prompt_ids=[1], max_tokens=0), "max_tokens must be an integer >= 1"),
-    (dict(prompt_ids=[1], stop_token_ids=(-1,)), "stop token id -1"),
+    (dict(prompt_ids=[1], stop_token_ids=(-1,)), r"stop token id -1 is outside the vocabulary \[0, 512\)"),
 ])
 def test_bad_requests_are_refused(tiny, request_kw, message):
     with pytest.raises(RequestError, match=message):

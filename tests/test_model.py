@@ -151,3 +151,27 @@ def test_batch_invariance_holds_over_many_attention_blocks(tmp_path, tokenizer_j
         results.append((out, cache))
     assert np.array_equal(results[0][0], results[1][0])
     assert_same_cache(results[0][1], results[1][1], capacity)
+
+
+def test_truncate_rolls_back_as_if_the_rows_were_never_written(tiny):
+    model = tiny.model
+    prefix, first, second = np.arange(3, 23), np.arange(100, 106), np.arange(200, 206)
+
+    def decode(cache, tokens):
+        out = []
+        for token in tokens:
+            out.append(model.forward([int(token)], [cache.length], cache, 4)[0])
+            cache.length += 1
+        return np.stack(out)
+
+    rolled = model.new_cache(40, 4)
+    model.forward(prefix, np.arange(20), rolled, 4)
+    rolled.length = 20
+    decode(rolled, first)
+    rolled.truncate(20)
+    fresh = model.new_cache(40, 4)
+    model.forward(prefix, np.arange(20), fresh, 4)
+    fresh.length = 20
+    assert np.array_equal(decode(rolled, second), decode(fresh, second))
+    with pytest.raises(ValueError, match="cannot truncate cache of length 26 to 30"):
+        rolled.truncate(30)

@@ -7,7 +7,7 @@ from tinyloop.generate import GenerationRequest, generate
 from tinyloop.loader import load_model
 from tinyloop.modelfile import write_model_file
 from tinyloop.sampling import SamplingParams
-from tinyloop.speculative import SpeculativeParams, speculative_generate
+from tinyloop.speculative import SpeculativeDecoder, SpeculativeParams, speculative_generate
 from tinyloop.testmodels import make_test_model, random_weights, train_tokenizer
 
 from test_model import random_config
@@ -94,8 +94,7 @@ def test_cache_after_rollbacks_equals_a_sequential_run(tiny, branches):
     prompt = [5, 17, 200, 33, 9, 61]
     request = GenerationRequest(prompt, max_tokens=40, ignore_eos=True)
     params = SpeculativeParams(2, 7, 6, branches)
-    from tinyloop.speculative.decoder import SpeculativeDecoder as Decoder
-    decoder = Decoder(model, request, params, None, 0.0)
+    decoder = SpeculativeDecoder(model, request, params, None, 0.0)
     decoder.prefill()
     while decoder.sink.finish_reason is None:
         decoder.round()

@@ -20,21 +20,12 @@ class Backend:
         return array if self.xp is np else self.xp.asnumpy(array)
 
 
-def cuda_available() -> bool:
-    try:
-        import cupy  # noqa: F401
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
 def select_backend(device: str | None = None) -> Backend:
     device = (device or os.environ.get("TINYLOOP_DEVICE") or "auto").lower()
     if device not in DEVICES:
         raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cuda" or (device == "auto" and cuda_available()):
+    if device == "cuda":
         # The CUDA kernels are not part of this release: say so instead of half-working.
-        if device == "cuda":
-            raise TinyLoopError("the CUDA backend is not available in this build of TinyLoop; "
-                                "use TINYLOOP_DEVICE=cpu")
-    return Backend("cpu", np)
+        raise TinyLoopError("the CUDA backend is not available in this build of TinyLoop; "
+                            "use TINYLOOP_DEVICE=cpu")
+    return Backend("cpu", np)          # "auto" is the CPU until the CUDA backend exists

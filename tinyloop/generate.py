@@ -56,10 +56,7 @@ def check_request(model: LoopedTransformer, request: GenerationRequest, loops: i
     c.check_loops(loops)
     if not request.prompt_ids:
         raise RequestError("prompt must contain at least one token", "prompt")
-    for token_id in request.prompt_ids:
-        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < c.vocab_size:
-            raise RequestError(f"prompt token id {token_id!r} is outside the vocabulary [0, {c.vocab_size})",
-                               "prompt")
+    _check_ids(request.prompt_ids, c.vocab_size, "prompt")
     max_tokens = request.max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise RequestError(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
@@ -68,14 +65,18 @@ def check_request(model: LoopedTransformer, request: GenerationRequest, loops: i
         raise RequestError(
             f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) = {n_prompt + max_tokens} exceeds "
             f"the model's context of {c.max_seq_len} tokens", "max_tokens")
-    for token_id in request.stop_token_ids:
-        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < c.vocab_size:
-            raise RequestError(f"stop token id {token_id!r} is outside the vocabulary", "stop")
+    _check_ids(request.stop_token_ids, c.vocab_size, "stop")
     window = request.cache_window
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise RequestError(f"cache_window must be an integer >= 0 (0 = full cache), got {window!r}",
                            "cache_window")
     return loops
+
+
+def _check_ids(ids, vocab_size: int, param: str) -> None:
+    for token_id in ids:
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
+            raise RequestError(f"{param} token id {token_id!r} is outside the vocabulary [0, {vocab_size})", param)
 
 
 def check_cache_budget(model: LoopedTransformer, capacity: int, loops: int, window: int,

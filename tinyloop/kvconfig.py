@@ -13,25 +13,15 @@ from __future__ import annotations
 
 import os
 
+from .env import env_flag
 from .errors import TinyLoopError
 from .kvcodecs import KV_MODES
 
 
-def _flag(env, name) -> bool:
-    value = env.get(name)
-    if value is None or value == "":
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
-
-
 def kv_mode_from_env(env=None) -> str:
     env = os.environ if env is None else env
-    int8, int4, hadamard = (_flag(env, "TINYLOOP_KV_INT8"), _flag(env, "TINYLOOP_KV_INT4"),
-                            _flag(env, "TINYLOOP_KV_H_MODE"))
+    int8, int4, hadamard = (env_flag(env, "TINYLOOP_KV_INT8"), env_flag(env, "TINYLOOP_KV_INT4"),
+                            env_flag(env, "TINYLOOP_KV_H_MODE"))
     if int8 and int4:
         raise TinyLoopError("TINYLOOP_KV_INT8=1 and TINYLOOP_KV_INT4=1 conflict: choose one cache mode")
     if hadamard and not int4:

@@ -256,10 +256,6 @@ class ModelFile:
                 "method": sorted({s.get("method", "rtn") for s in specs}),
                 "act_order": any(s.get("act_order") for s in specs), "tensors": len(specs)}
 
-    @property
-    def data_bytes(self) -> int:
-        return self.file_size - self.data_start
-
     def close(self):
         # Views into the map keep it alive; only close the file object itself.
         self._file.close()

@@ -85,10 +85,10 @@ class Tokenizer:
         return out
 
     def decode(self, ids, skip_special: bool = True) -> str:
-        data = b"".join(self.token_bytes[i] for i in ids) if skip_special else None
-        if data is not None:
-            return data.decode("utf-8", errors="replace")
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+        """Ids -> text. Special tokens are dropped unless skip_special is False."""
+        if not skip_special:
+            return self._tok.decode(list(ids), skip_special_tokens=False)
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

@@ -1,0 +1,18 @@
+"""Reading on/off settings from the environment, strictly (a typo is an error, not "off")."""
+from __future__ import annotations
+
+from .errors import TinyLoopError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off", "")
+
+
+def env_flag(env, name: str, default: bool = False) -> bool:
+    value = env.get(name)
+    if value is None:
+        return default
+    if value.lower() in TRUE:
+        return True
+    if value.lower() in FALSE:
+        return False
+    raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
