@@ -26,3 +26,25 @@ def tiny_gpt(model_dir):
     path = model_dir / "tiny-looped-gpt.tinyloop"
     make_test_model(path, "tiny-looped-gpt", seed=1)
     return load_model(path)
+
+
+# -- the exactness matrix's reduced set (scripts/exactness_matrix.py) --------------------------
+def pytest_addoption(parser):
+    parser.addoption("--exactness-reduced", action="store_true",
+                     help="of each sweep marked exactness(sample=N), run every N-th case only "
+                          "(the reduced set scripts/exactness_matrix.py runs under each extra BLAS core type)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--exactness-reduced"):
+        return
+    kept, dropped, seen = [], [], {}
+    for item in items:
+        mark = item.get_closest_marker("exactness")
+        sample = mark.kwargs.get("sample", 1) if mark else 1
+        function = (item.path, item.originalname)
+        index = seen[function] = seen.get(function, -1) + 1
+        (kept if index % sample == 0 else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

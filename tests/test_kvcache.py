@@ -88,6 +88,7 @@ def power_of_two_config(rng):
             return config
 
 
+@pytest.mark.exactness(sample=2)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("window", [0, 40])
 def test_batch_invariance_per_mode(tmp_path, tokenizer_json, mode, window):
@@ -114,6 +115,7 @@ def test_batch_invariance_per_mode(tmp_path, tokenizer_json, mode, window):
             assert np.array_equal(runs[0][1][name], runs[1][1][name]), name
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("mode", ["fp16", "int4-h"])
 def test_ring_buffer_equals_a_full_cache_with_the_same_window(tiny, mode):
     """Positions past the ring's size wrap around; results stay bitwise those of an
@@ -152,6 +154,7 @@ def test_window_attention_matches_a_brute_force_softmax():
                 assert np.allclose(got[t, head], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("mode", ["fp16", "int8", "int4", "int4-h"])
 def test_speculation_stays_exact_with_every_mode_and_window(tiny, mode):
     model = load_model(tiny.file.path, kv_mode=mode).model
@@ -163,6 +166,29 @@ def test_speculation_stays_exact_with_every_mode_and_window(tiny, mode):
         plain = generate(model, GenerationRequest(prompt, max_tokens, loops=8, cache_window=window)).tokens
         for branches in (1, 3):
             params = SpeculativeParams(int(rng.integers(1, 8)), 8, int(rng.integers(1, 9)), branches)
+            out = speculative_generate(model, GenerationRequest(prompt, max_tokens, cache_window=window), params)
+            assert out.tokens == plain, (mode, window, params)
+
+
+@pytest.mark.exactness(sample=2)
+@pytest.mark.parametrize("block", range(8))
+def test_speculation_over_random_configs_with_every_mode_and_window(tmp_path, tokenizer_json, block):
+    """Random configs (1, 2 or 4 KV heads, head dims 8 and 16) x cache modes x windows:
+    greedy chains and trees equal plain generation, token for token."""
+    rng = np.random.default_rng(500 + block)
+    for case in range(8):
+        mode = MODES[int(rng.integers(len(MODES)))]
+        config = power_of_two_config(rng)
+        if config.max_loops < 2:
+            continue
+        model = model_with(tmp_path, config, tokenizer_json, 100 * block + case, mode)
+        window = int(rng.choice([0, 24, 70]))
+        prompt = [int(t) for t in rng.integers(0, 512, int(rng.integers(1, 160)))]
+        max_tokens = int(rng.integers(10, 50))
+        verify = int(rng.integers(2, config.max_loops + 1))
+        plain = generate(model, GenerationRequest(prompt, max_tokens, loops=verify, cache_window=window)).tokens
+        for branches in (1, int(rng.integers(2, 7))):
+            params = SpeculativeParams(int(rng.integers(1, verify)), verify, int(rng.integers(1, 9)), branches)
             out = speculative_generate(model, GenerationRequest(prompt, max_tokens, cache_window=window), params)
             assert out.tokens == plain, (mode, window, params)
 

@@ -49,6 +49,7 @@ def build(tmp_path, config, tokenizer_json, seed):
     return load_model(path).model
 
 
+@pytest.mark.exactness(sample=3)
 @pytest.mark.parametrize("seed", range(30))
 def test_forward_over_many_positions_equals_single_steps(tmp_path, tokenizer_json, seed):
     """Logits and every cache slot bitwise equal, for a random config, loops and T <= 100."""
@@ -84,6 +85,7 @@ def assert_same_cache(a, b, rows):
         assert np.array_equal(stored_a[name], stored_b[name]), name
 
 
+@pytest.mark.exactness
 def test_stale_rows_past_the_length_do_not_leak_into_attention(tiny):
     """After a rollback, rows past the position hold old keys; results must not change."""
     model = tiny.model
@@ -130,6 +132,7 @@ def test_prefill_fast_path_is_close_to_exact_path(tiny):
     assert np.max(np.abs(exact - fast)) < 1e-3 * np.max(np.abs(exact))
 
 
+@pytest.mark.exactness
 def test_batch_invariance_holds_over_many_attention_blocks(tmp_path, tokenizer_json):
     """Past 8 key blocks a pairwise sum would regroup; the block merge must stay sequential."""
     rng = np.random.default_rng(99)
@@ -153,6 +156,7 @@ def test_batch_invariance_holds_over_many_attention_blocks(tmp_path, tokenizer_j
     assert_same_cache(results[0][1], results[1][1], capacity)
 
 
+@pytest.mark.exactness
 def test_truncate_rolls_back_as_if_the_rows_were_never_written(tiny):
     model = tiny.model
     prefix, first, second = np.arange(3, 23), np.arange(100, 106), np.arange(200, 206)

@@ -53,6 +53,7 @@ def test_quantized_models_run_and_stay_close_to_the_original(quantized):
     assert errors[(8, "rtn", False)] < errors[(4, "gptq", True)] < errors[(2, "gptq", False)]
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("key", [(4, "gptq", True), (2, "gptq", False)])
 def test_quantized_model_is_batch_invariant_and_speculation_exact(quantized, key):
     model = load_model(quantized[1][key]).model

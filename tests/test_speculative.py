@@ -44,6 +44,7 @@ def random_case(rng, model):
     return prompt, max_tokens, SpeculativeParams(draft, verify, ahead, branches)
 
 
+@pytest.mark.exactness(sample=2)
 @pytest.mark.parametrize("block", range(10))
 def test_greedy_speculation_equals_plain_generation(random_models, block):
     """25 random (model, prompt, loops, draft_ahead, K) cases per block: 250 in all."""
@@ -60,6 +61,7 @@ def test_greedy_speculation_equals_plain_generation(random_models, block):
             assert spec.completion_tokens == plain.completion_tokens
 
 
+@pytest.mark.exactness
 def test_one_branch_tree_is_the_chain(random_models):
     rng = np.random.default_rng(77)
     for _ in range(40):
@@ -76,6 +78,7 @@ def test_one_branch_tree_is_the_chain(random_models):
         assert tree.mode == "tree_speculative"
 
 
+@pytest.mark.exactness
 def test_greedy_with_penalties_stays_exact(tiny):
     sampling = SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.4,
                               frequency_penalty=0.3)
@@ -88,6 +91,7 @@ def test_greedy_with_penalties_stays_exact(tiny):
             assert spec.tokens == plain.tokens
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("branches", [1, 3])
 def test_cache_after_rollbacks_equals_a_sequential_run(tiny, branches):
     model = tiny.model
@@ -112,6 +116,7 @@ def test_cache_after_rollbacks_equals_a_sequential_run(tiny, branches):
         assert np.array_equal(ours[name][:slots], theirs[name]), name
 
 
+@pytest.mark.exactness
 def test_stops_inside_a_round_end_the_output_exactly_there(tiny):
     model = tiny.model
     prompt = [320, 458, 425, 290, 332]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .ops.layout import canonical
 from .quant import pack_codes, unpack_codes
 
 GROUP = 32
@@ -41,8 +42,8 @@ class FloatCodec:
 
     def load(self, arrays: dict, slot: int, rows):
         """-> (n_kv, *rows shape, hd) float32."""
-        data = arrays["data"][slot][:, rows]
-        return data if data.dtype == np.float32 else data.astype(np.float32)
+        # one copy into the layout attention multiplies in (ops/layout.py), whatever rows did
+        return canonical(arrays["data"][slot][:, rows])
 
 
 class IntCodec:

@@ -8,6 +8,28 @@ Two flavours of the row-wise products exist:
   positions share the call. Used by decode, draft and verify, so that a verify pass
   over T positions equals T decode steps bit for bit.
 - `bulk`: full GEMM, fastest for the prompt's prefill, which every mode shares.
+
+The exact path's invariant: one arithmetic per row, whatever the path. For a given
+query row, every product and reduction receives operands of the same shape, strides,
+dtype and call pattern, whether the row comes from a plain decode step, a chain
+verify, a tree verify, a sliding window or a ring buffer:
+- linear: one gemv per row, (1, in) contiguous @ the layer's one (in, out) weight;
+- attention scores: one gemv per (query, head, block of 64 keys), (1, hd) @ (hd, 64),
+  the key block a C-contiguous (64, hd) copy wherever its rows were read from;
+- softmax sums: a sum over the last, contiguous axis of 64 (NumPy's fixed pairwise
+  order for a fixed length);
+- probability . value: one gemv per block, (1, 64) @ a C-contiguous (64, hd) block;
+- block combine: cumsum along the blocks (strictly sequential); blocks outside a
+  query's range hold exact zeros, and x + 0 = x;
+- norms: sums over a row's own contiguous D values; everything else is elementwise.
+Why it holds: BLAS and NumPy choose a kernel, and so a summation order, from the call
+(shapes, strides, transposition, thread count), not from the values; `layout.canonical`
+gives every call the same strides, and the shapes depend only on the model. Alignment
+does not enter (measured under every OpenBLAS core type this project tests). The
+elementwise functions (exp, tanh, sqrt, division) give each element the same bits
+wherever it sits in an array. `tests/test_layout_invariance.py` pins each of these
+assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
+every OpenBLAS core type and NumPy SIMD level the CPU can execute.
 """
 from .activations import gelu_tanh, silu
 from .attention import ATTENTION_BLOCK, TreeRows, attention_bulk, attention_exact

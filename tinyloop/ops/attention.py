@@ -1,16 +1,19 @@
 """Causal attention of new queries over a request's KV cache slot.
 
 Keys and values come from a `read(rows)` callable (the cache's reader), which
-returns float32 arrays for virtual rows whatever the storage (fp16, int8, int4, a
-ring). A query at logical position p attends to logical positions 0..p (or the last
-`window` of them). Without a tree, logical position = virtual row. With a draft tree
-(TreeRows), positions below `tree.base` are still rows of the same number, and a
-node's positions from `base` on are the rows of its own path (root, ..., itself),
-wherever the tree put them.
+returns arrays for virtual rows whatever the storage (fp16, int8, int4, a ring), in
+whatever memory layout that storage gives; the exact path copies them into the
+canonical layout (layout.py) before any product. A query at logical position p
+attends to logical positions 0..p (or the last `window` of them). Without a tree,
+logical position = virtual row. With a draft tree (TreeRows), positions below
+`tree.base` are still rows of the same number, and a node's positions from `base` on
+are the rows of its own path (root, ..., itself), wherever the tree put them.
 """
 from dataclasses import dataclass
 
 import numpy as np
+
+from .layout import canonical
 
 ATTENTION_BLOCK = 64
 _NEG_INF = np.float32(-np.inf)
@@ -27,18 +30,19 @@ def attention_exact(q: np.ndarray, read, positions: np.ndarray, scale: float, tr
                     window: int = 0) -> np.ndarray:
     """Row-invariant attention: a query's output does not depend on the other queries.
 
-    q: (T, H, hd); read(rows) -> (keys, values), each (n_kv, *rows shape, hd) float32, for
-    virtual rows given as (start, stop) or an int array; positions: (T,) logical.
-    A query at p sees positions [p - window + 1, p] (all of [0, p] with window 0).
-    -> (T, H, hd).
+    q: (T, H, hd); read(rows) -> (keys, values), each (n_kv, *rows shape, hd), for
+    virtual rows given as (start, stop) or an int array, in any memory layout;
+    positions: (T,) logical. A query at p sees positions [p - window + 1, p] (all of
+    [0, p] with window 0). -> (T, H, hd).
 
     Keys are reduced in fixed blocks of ATTENTION_BLOCK logical positions. Within a
     block every product is a matrix-vector product of fixed size (one per query and
-    head); masked keys get probability exactly 0; per-block sums are then added in
-    block order (cumsum is strictly sequential). Blocks outside a query's own range
-    add exact zeros, so one query computed alone gets the very same bits as in a batch
-    that needs more blocks. A tree node's blocks are gathered into the same
-    (BLOCK, hd) layout a sequential decode reads, so it gets the same bits too.
+    head) on operands in the canonical layout (layout.py); masked keys get
+    probability exactly 0; per-block sums are then added in block order (cumsum is
+    strictly sequential). Blocks outside a query's own range add exact zeros, so one
+    query computed alone gets the very same bits as in a batch that needs more
+    blocks. A tree node's blocks are gathered into the same (BLOCK, hd) layout a
+    sequential decode reads, so it gets the same bits too.
     """
     n_queries, n_heads, head_dim = q.shape
     lowest = np.maximum(positions - window + 1, 0) if window else np.zeros_like(positions)
@@ -52,19 +56,18 @@ def attention_exact(q: np.ndarray, read, positions: np.ndarray, scale: float, tr
     n_kv = keys.shape[0]
     group = n_heads // n_kv
     # (n_kv, 1, 1, n_shared, BLOCK, hd): blocks every query reads from the same rows
-    key_blocks = [keys.reshape(n_kv, 1, 1, n_shared, ATTENTION_BLOCK, head_dim)]
-    value_blocks = [values.reshape(n_kv, 1, 1, n_shared, ATTENTION_BLOCK, head_dim)]
+    key_blocks = [canonical(keys).reshape(n_kv, 1, 1, n_shared, ATTENTION_BLOCK, head_dim)]
+    value_blocks = [canonical(values).reshape(n_kv, 1, 1, n_shared, ATTENTION_BLOCK, head_dim)]
     if n_tail:
         rows = _tail_rows(tree, positions, shared_end * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK)
         tail_keys, tail_values = read(rows)                                     # (n_kv, T, tail, hd)
         # (n_kv, 1, T, n_tail, BLOCK, hd): each query's own gathered blocks
-        key_blocks.append(tail_keys.reshape(n_kv, 1, n_queries, n_tail, ATTENTION_BLOCK, head_dim))
-        value_blocks.append(tail_values.reshape(n_kv, 1, n_queries, n_tail, ATTENTION_BLOCK, head_dim))
+        key_blocks.append(canonical(tail_keys).reshape(n_kv, 1, n_queries, n_tail, ATTENTION_BLOCK, head_dim))
+        value_blocks.append(canonical(tail_values).reshape(n_kv, 1, n_queries, n_tail, ATTENTION_BLOCK, head_dim))
 
     # (n_kv, group, T, 1, 1, hd): one row vector per (kv head, group member, query)
-    q_rows = np.ascontiguousarray(
-        q.reshape(n_queries, n_kv, group, head_dim).transpose(1, 2, 0, 3)
-    ).reshape(n_kv, group, n_queries, 1, 1, head_dim)
+    q_rows = canonical(q.reshape(n_queries, n_kv, group, head_dim).transpose(1, 2, 0, 3)
+                       ).reshape(n_kv, group, n_queries, 1, 1, head_dim)
     scores = np.concatenate([q_rows @ kb.swapaxes(-1, -2) for kb in key_blocks], axis=3)
     scores *= np.float32(scale)                                       # (n_kv, group, T, n_blocks, 1, BLOCK)
 
@@ -76,7 +79,7 @@ def attention_exact(q: np.ndarray, read, positions: np.ndarray, scale: float, tr
     probs = np.exp(scores - row_max)                                    # masked -> exactly 0
     block_sums = probs.sum(axis=5)                                      # (n_kv, group, T, n_blocks, 1)
     block_out = np.concatenate(                                         # (n_kv, group, T, n_blocks, 1, hd)
-        [probs[:, :, :, :n_shared] @ value_blocks[0]]
+        [probs[:, :, :, :n_shared] @ value_blocks[0]]                  # rows of probs: unit stride
         + ([probs[:, :, :, n_shared:] @ value_blocks[1]] if n_tail else []), axis=3)
     total = np.cumsum(block_sums, axis=3)[:, :, :, -1]                  # (n_kv, group, T, 1)
     out = np.cumsum(block_out, axis=3)[:, :, :, -1] / total[..., None]  # (n_kv, group, T, 1, hd)

@@ -1,0 +1,187 @@
+"""Re-run the exactness tests under every BLAS kernel set and NumPy SIMD level this CPU can run.
+
+    python scripts/exactness_matrix.py            # full set under the CPU's own kernels, reduced under the rest
+    python scripts/exactness_matrix.py --full     # the full exactness set under every configuration
+    python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
+
+NumPy's OpenBLAS picks its kernels for the CPU it finds (DYNAMIC_ARCH), and NumPy picks
+SIMD loops the same way, so "bit for bit" proved on one machine says little about the
+next. Each configuration below runs `pytest -m exactness` in a fresh process with:
+- OPENBLAS_CORETYPE unset (the kernels OpenBLAS picks for this CPU, whatever the caller's
+  environment pins), then set to each core type whose instructions this CPU executes:
+  Prescott (SSE3, pre-AVX), Nehalem, Sandybridge (AVX), Haswell (AVX2), SkylakeX,
+  Cooperlake and SapphireRapids (AVX-512);
+- NPY_DISABLE_CPU_FEATURES narrowing NumPy's dispatch to below AVX-512, then to its
+  baseline.
+The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported: a
+core type OpenBLAS maps to kernels already tested is listed, not run twice. Exit status 0
+only when every configuration that ran passed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# OpenBLAS core type -> the /proc/cpuinfo flags its kernels need
+CORE_TYPES = {
+    "Prescott": {"pni"},
+    "Nehalem": {"ssse3", "sse4_2"},
+    "Sandybridge": {"avx"},
+    "Haswell": {"avx2", "fma"},
+    "SkylakeX": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd"},
+    "Cooperlake": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
+    "SapphireRapids": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile"},
+}
+
+_PROBE = """
+import numpy
+try:
+    from numpy._core._multiarray_umath import __cpu_features__ as found, __cpu_dispatch__ as dispatch
+except ImportError:
+    from numpy.core._multiarray_umath import __cpu_features__ as found, __cpu_dispatch__ as dispatch
+print("SIMD:" + ",".join(name for name in dispatch if found.get(name)))
+"""
+
+
+@dataclass
+class Configuration:
+    name: str
+    env: dict                       # variables to set; None values are removed
+    reduced: bool
+    why: str
+    kernels: str = "?"              # what OpenBLAS loaded
+    simd: str = "?"                 # NumPy's active dispatch targets
+    skipped: str = ""
+    passed: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    tail: list = field(default_factory=list)
+
+
+def cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
+    return set(match.group(1).split()) if match else None
+
+
+def environment(overrides: dict) -> dict:
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)          # every configuration says its own, or lets OpenBLAS choose
+    env.pop("NPY_DISABLE_CPU_FEATURES", None)
+    for key, value in overrides.items():
+        if value is not None:
+            env[key] = value
+    return env
+
+
+def probe(config: Configuration) -> None:
+    """Which OpenBLAS kernels and NumPy SIMD targets this configuration really gets."""
+    env = environment({**config.env, "OPENBLAS_VERBOSE": "2"})
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    core = re.findall(r"Core: (\w+)", text)
+    config.kernels = core[-1] if core else "not OpenBLAS (kernels cannot be forced)"
+    simd = re.search(r"SIMD:(.*)", text)
+    config.simd = (simd.group(1) or "baseline only") if simd else "?"
+
+
+def dispatch_targets() -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=environment({}), capture_output=True, text=True)
+    match = re.search(r"SIMD:(.*)", out.stdout)
+    return [t for t in match.group(1).split(",") if t] if match else []
+
+
+def plan(full: bool) -> list[Configuration]:
+    configs = [Configuration("this CPU's own kernels", {}, reduced=False,
+                             why="OPENBLAS_CORETYPE unset: what OpenBLAS picks here; the full set")]
+    flags = cpu_flags()
+    for core, needs in CORE_TYPES.items():
+        if flags is None:
+            configs.append(Configuration(core, {}, True, "", skipped="no /proc/cpuinfo: cannot tell what runs"))
+        elif not needs <= flags:
+            missing = " ".join(sorted(needs - flags))
+            configs.append(Configuration(core, {}, True, "", skipped=f"CPU lacks {missing}"))
+        else:
+            configs.append(Configuration(core, {"OPENBLAS_CORETYPE": core}, reduced=not full,
+                                         why=f"OPENBLAS_CORETYPE={core}"))
+    targets = dispatch_targets()
+    wide = [t for t in targets if "512" in t or "V4" in t or "SPR" in t]
+    if wide:
+        configs.append(Configuration("NumPy below AVX-512", {"NPY_DISABLE_CPU_FEATURES": " ".join(wide)},
+                                     reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(wide)}"))
+    if targets:
+        configs.append(Configuration("NumPy baseline SIMD", {"NPY_DISABLE_CPU_FEATURES": " ".join(targets)},
+                                     reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(targets)}"))
+    return configs
+
+
+def run(config: Configuration, pytest_args: list[str]) -> None:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "exactness", *pytest_args]
+    if config.reduced:
+        command.append("--exactness-reduced")
+    start = time.perf_counter()
+    out = subprocess.run(command, cwd=ROOT, env=environment(config.env), capture_output=True, text=True)
+    config.seconds = time.perf_counter() - start
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    summary = lines[-1] if lines else ""
+    config.passed = int(m.group(1)) if (m := re.search(r"(\d+) passed", summary)) else 0
+    config.failed = int(m.group(1)) if (m := re.search(r"(\d+) (?:failed|errors?)", summary)) else 0
+    if out.returncode != 0 and config.failed == 0:
+        config.failed = 1                       # pytest itself failed (collection, crash)
+    if out.returncode != 0:
+        config.tail = [line for line in lines if line.startswith(("FAILED", "ERROR"))][:20] or lines[-20:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the full exactness set under every configuration")
+    parser.add_argument("--list", action="store_true", help="show the configurations and exit")
+    parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --), e.g. -- -x")
+    args = parser.parse_args()
+
+    configs = plan(args.full)
+    seen_kernels: dict[tuple, str] = {}
+    for config in configs:
+        if config.skipped:
+            continue
+        probe(config)
+        key = (config.kernels, config.simd)
+        if key in seen_kernels:
+            config.skipped = f"OpenBLAS loaded {config.kernels} kernels: already run as '{seen_kernels[key]}'"
+        else:
+            seen_kernels[key] = config.name
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; exactness tests: pytest -m exactness")
+    for config in configs:
+        if config.skipped or args.list:
+            state = (f"skipped: {config.skipped}" if config.skipped else
+                     f"would run: {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}")
+            print(f"  {config.name:<24} {state}")
+            continue
+        print(f"  {config.name:<24} {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}; "
+              f"{'reduced' if config.reduced else 'full'} set ...", end=" ", flush=True)
+        run(config, args.pytest_args)
+        verdict = "ok" if not config.failed else "FAILED"
+        print(f"{verdict}: {config.passed} passed, {config.failed} failed in {config.seconds:.0f} s", flush=True)
+        for line in config.tail:
+            print(f"      {line}")
+    if args.list:
+        return 0
+    ran = [c for c in configs if not c.skipped]
+    failed = [c.name for c in ran if c.failed]
+    print(f"\n{len(ran)} configurations run, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed or not ran else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
