@@ -9,6 +9,8 @@ import pytest
 
 from tinyloop.ops import TreeRows, attention_exact, layer_norm, linear, rms_norm
 
+from test_attention import reader
+
 pytestmark = pytest.mark.exactness
 
 
@@ -36,14 +38,6 @@ def layouts(x: np.ndarray) -> dict:
         "offset by 1 float": offset_copy(x, 1),
         "offset by 4 floats": offset_copy(x, 4),
     }
-
-
-def reader(keys, values):
-    def read(rows):
-        if isinstance(rows, tuple):
-            return keys[:, rows[0]:rows[1]], values[:, rows[0]:rows[1]]
-        return keys[:, rows], values[:, rows]
-    return read
 
 
 @pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 128])
