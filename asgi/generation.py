@@ -13,13 +13,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from tinyloop.engine import EngineFailed, Job, QueueFull
+from tinyloop.engine.engine import EngineFailed, Job, QueueFull
 from tinyloop.errors import RequestError
-from tinyloop.generate import GenerationRequest, GenerationResult
-from tinyloop.sampling import SamplingParams
-from tinyloop.speculative import SpeculativeParams
-from tinyloop.stopstrings import StopStringMatcher
-from tinyloop.tokenizer import StreamingDetokenizer
+from tinyloop.engine.generate import GenerationRequest, GenerationResult
+from tinyloop.engine.sampling import SamplingParams
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.text.stopstrings import StopStringMatcher
+from tinyloop.text.tokenizer import StreamingDetokenizer
 
 from .errors import ApiError, bad_request, unavailable
 from .http import ClientGone

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from tinyloop.errors import RequestError
-from tinyloop.sampling import SamplingParams
-from tinyloop.speculative import SpeculativeParams
+from tinyloop.engine.sampling import SamplingParams
+from tinyloop.engine.speculative import SpeculativeParams
 
 from .errors import bad_request
 from .generation import Prepared

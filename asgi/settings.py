@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tinyloop.env import env_flag
 from tinyloop.errors import TinyLoopError
-from tinyloop.kvconfig import kv_budget_from_env, kv_mode_from_env
+from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 
 def _int(name: str, default: int, low: int) -> int:
     value = os.environ.get(name)

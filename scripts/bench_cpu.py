@@ -17,8 +17,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tinyloop.loader import load_model  # noqa: E402
-from tinyloop.testmodels import make_test_model  # noqa: E402
+from tinyloop.model.loader import load_model  # noqa: E402
+from tinyloop.model.testmodels import make_test_model  # noqa: E402
 
 
 def bench(loaded, loops, prompt_tokens, decode_tokens, repeats):

@@ -24,9 +24,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tinyloop.generate import GenerationRequest, generate  # noqa: E402
-from tinyloop.loader import load_model  # noqa: E402
-from tinyloop.testmodels import make_test_model  # noqa: E402
+from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
+from tinyloop.model.loader import load_model  # noqa: E402
+from tinyloop.model.testmodels import make_test_model  # noqa: E402
 
 KEY = "bench-key"
 

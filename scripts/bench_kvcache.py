@@ -20,13 +20,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tinyloop.config import ModelConfig  # noqa: E402
-from tinyloop.evaluate import perplexity  # noqa: E402
-from tinyloop.kvcache import KVCache  # noqa: E402
-from tinyloop.kvcodecs import codec_for  # noqa: E402
-from tinyloop.loader import load_model  # noqa: E402
-from tinyloop.pull import ensure_default_model  # noqa: E402
-from tinyloop.testmodels import PRESETS  # noqa: E402
+from tinyloop.model.config import ModelConfig  # noqa: E402
+from tinyloop.model.evaluate import perplexity  # noqa: E402
+from tinyloop.kv.cache import KVCache  # noqa: E402
+from tinyloop.kv.codecs import codec_for  # noqa: E402
+from tinyloop.model.loader import load_model  # noqa: E402
+from tinyloop.convert.pull import ensure_default_model  # noqa: E402
+from tinyloop.model.testmodels import PRESETS  # noqa: E402
 
 MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]
 TEXT = ROOT / "tests" / "data" / "jargon-4.4.7-excerpt.txt"

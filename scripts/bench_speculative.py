@@ -24,11 +24,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tinyloop.generate import GenerationRequest, generate  # noqa: E402
-from tinyloop.loader import load_model  # noqa: E402
-from tinyloop.model import Span, Trunk  # noqa: E402
-from tinyloop.speculative import SpeculativeParams, speculative_generate  # noqa: E402
-from tinyloop.testmodels import make_test_model  # noqa: E402
+from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
+from tinyloop.model.loader import load_model  # noqa: E402
+from tinyloop.model.transformer import Span, Trunk  # noqa: E402
+from tinyloop.engine.speculative import SpeculativeParams, speculative_generate  # noqa: E402
+from tinyloop.model.testmodels import make_test_model  # noqa: E402
 
 SETTINGS = {
     "tiny-looped": [(2, 8, 4, 1), (4, 8, 4, 1), (4, 8, 8, 1), (4, 8, 4, 4), (6, 8, 6, 1), (6, 8, 6, 4)],

@@ -1,7 +1,7 @@
 import pytest
 
-from tinyloop.loader import load_model
-from tinyloop.testmodels import make_test_model
+from tinyloop.model.loader import load_model
+from tinyloop.model.testmodels import make_test_model
 
 
 @pytest.fixture(scope="session")

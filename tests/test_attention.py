@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tinyloop.ops import TreeRows, attention_exact
+from tinyloop.backends.cpu import TreeRows, attention_exact
 
 pytestmark = pytest.mark.exactness
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tinyloop.chat import ChatTemplate
+from tinyloop.text.chat import ChatTemplate
 from tinyloop.errors import TinyLoopError
 
 

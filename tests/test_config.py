@@ -1,6 +1,6 @@
 import pytest
 
-from tinyloop.config import ModelConfig
+from tinyloop.model.config import ModelConfig
 from tinyloop.errors import ConfigError, RequestError
 
 BASE = dict(vocab_size=100, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64, max_seq_len=128,

@@ -6,11 +6,11 @@ import pytest
 from tinyloop.convert.from_gguf import convert_gguf
 from tinyloop.convert.gguf import GGUFError
 from tinyloop.convert.quant_blocks import reference_dequantize
-from tinyloop.loader import load_model
-from tinyloop.modelfile import ModelFile
-from tinyloop.quant import QuantizedTensor, dequantize
-from tinyloop.testmodels import train_tokenizer
-from tinyloop.tokenizer import Tokenizer
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import ModelFile
+from tinyloop.model.quant import QuantizedTensor, dequantize
+from tinyloop.model.testmodels import train_tokenizer
+from tinyloop.text.tokenizer import Tokenizer
 
 from gguf_writer import random_raw, write_gguf
 
@@ -112,12 +112,12 @@ def test_config_tokenizer_and_template(tmp_path):
             assert rebuilt.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids, text
         assert rebuilt.decode(rebuilt.encode(text)) == text
     assert all(len(rebuilt.id_to_token(i)) == 1 for i in rebuilt.encode("2026"))
-    from tinyloop.chat import ChatTemplate
+    from tinyloop.text.chat import ChatTemplate
     template = ChatTemplate.from_metadata(loaded.file.chat_template)
     assert template.name == "chatml" and template.default_system == "You are a tiny test model"
     assert loaded.file.metadata["source_format"] == "gguf-v3"
     # the converted model runs
-    from tinyloop.generate import GenerationRequest, generate
+    from tinyloop.engine.generate import GenerationRequest, generate
     assert len(generate(loaded.model, GenerationRequest([5, 6, 7], 4, ignore_eos=True)).tokens) == 4
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tinyloop.quant import dequantize, pack_codes, quantize_rtn, unpack_codes
+from tinyloop.model.quant import dequantize, pack_codes, quantize_rtn, unpack_codes
 from tinyloop.quantize.gptq import gptq_quantize, hessian_of
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tinyloop.errors import TinyLoopError
-from tinyloop.quant import dequantize
+from tinyloop.model.quant import dequantize
 from tinyloop.quantize.gptq_import import import_gptq_linear, unpack_int32
 
 

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 
 from tinyloop.errors import RequestError, TinyLoopError
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.kvcache import KVCache
-from tinyloop.kvcodecs import FloatCodec, IntCodec, group_size, hadamard
-from tinyloop.kvconfig import kv_budget_from_env, kv_mode_from_env
-from tinyloop.loader import load_model
-from tinyloop.modelfile import write_model_file
-from tinyloop.ops import attention_exact
-from tinyloop.speculative import SpeculativeParams, speculative_generate
-from tinyloop.testmodels import random_weights, train_tokenizer
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.kv.cache import KVCache
+from tinyloop.kv.codecs import FloatCodec, IntCodec, group_size, hadamard
+from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.backends.cpu import attention_exact
+from tinyloop.engine.speculative import SpeculativeParams, speculative_generate
+from tinyloop.model.testmodels import random_weights, train_tokenizer
 
 from test_model import random_config
 

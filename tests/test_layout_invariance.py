@@ -7,7 +7,7 @@ fails here, by name. Run under every OpenBLAS core type by scripts/exactness_mat
 import numpy as np
 import pytest
 
-from tinyloop.ops import TreeRows, attention_exact, layer_norm, linear, rms_norm
+from tinyloop.backends.cpu import TreeRows, attention_exact, layer_norm, linear, rms_norm
 
 from test_attention import reader
 

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from tinyloop.config import ModelConfig
+from tinyloop.model.config import ModelConfig
 from tinyloop.errors import RequestError
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.loader import load_model
-from tinyloop.modelfile import write_model_file
-from tinyloop.testmodels import random_weights, train_tokenizer
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.model.testmodels import random_weights, train_tokenizer
 
 GOLDEN_PROMPT = [320, 458, 425, 290, 332, 286, 85, 414, 79, 266, 485, 85, 297, 293, 74, 306, 495]
 GOLDEN = {

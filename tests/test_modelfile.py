@@ -6,10 +6,10 @@ import orjson
 import pytest
 
 from tinyloop.errors import ModelFileError
-from tinyloop.loader import load_model
-from tinyloop.modelfile import ModelFile, write_model_file
-from tinyloop.quant import quantize_rtn
-from tinyloop.testmodels import make_test_model, preset_config, random_weights, train_tokenizer
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import ModelFile, write_model_file
+from tinyloop.model.quant import quantize_rtn
+from tinyloop.model.testmodels import make_test_model, preset_config, random_weights, train_tokenizer
 
 
 @pytest.fixture(scope="module")

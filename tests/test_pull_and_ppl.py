@@ -5,11 +5,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from tinyloop import pull as pull_module
+from tinyloop.convert import pull as pull_module
 from tinyloop.cli import main
-from tinyloop.evaluate import log_softmax_at, perplexity
-from tinyloop.pull import PullError, default_model_path, pull
-from tinyloop.testmodels import make_test_model
+from tinyloop.model.evaluate import log_softmax_at, perplexity
+from tinyloop.convert.pull import PullError, default_model_path, pull
+from tinyloop.model.testmodels import make_test_model
 
 
 @pytest.fixture()

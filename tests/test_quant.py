@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tinyloop.quant import QuantizedTensor, dequantize, pack_codes, quantize_rtn, unpack_codes
+from tinyloop.model.quant import QuantizedTensor, dequantize, pack_codes, quantize_rtn, unpack_codes
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

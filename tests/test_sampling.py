@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tinyloop.errors import RequestError
-from tinyloop.sampling import Sampler, SamplingParams
+from tinyloop.engine.sampling import Sampler, SamplingParams
 
 
 def reference_kept(logits, temperature, top_k, top_p):

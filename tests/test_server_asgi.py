@@ -7,8 +7,8 @@ import pytest
 
 from asgi.app import TinyLoopApp
 from asgi.settings import Settings
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.testmodels import make_test_model
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.testmodels import make_test_model
 
 from asgi_client import call, run
 

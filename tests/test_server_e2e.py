@@ -14,10 +14,10 @@ import openai
 import orjson
 import pytest
 
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.loader import load_model
-from tinyloop.sampling import SamplingParams
-from tinyloop.testmodels import make_test_model
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.loader import load_model
+from tinyloop.engine.sampling import SamplingParams
+from tinyloop.model.testmodels import make_test_model
 
 KEY = "e2e-test-key"
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 
 from tinyloop.errors import RequestError
-from tinyloop.generate import GenerationRequest, generate
-from tinyloop.loader import load_model
-from tinyloop.modelfile import write_model_file
-from tinyloop.sampling import SamplingParams
-from tinyloop.speculative import SpeculativeDecoder, SpeculativeParams, speculative_generate
-from tinyloop.testmodels import make_test_model, random_weights, train_tokenizer
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.engine.sampling import SamplingParams
+from tinyloop.engine.speculative import SpeculativeDecoder, SpeculativeParams, speculative_generate
+from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
 
 from test_model import random_config
 
@@ -172,7 +172,7 @@ def test_parameter_validation(tiny, params, message):
 # ---------------------------------------------------------------------------- sampling
 def exact_joint(model, prompt, sampling, loops, n_tokens):
     """P(first n_tokens) of plain sampling, by enumerating the (small) support."""
-    from tinyloop.sampling import Sampler
+    from tinyloop.engine.sampling import Sampler
     joint = {(): 1.0}
     for _ in range(n_tokens):
         grown = {}

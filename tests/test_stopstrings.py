@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from tinyloop.stopstrings import StopStringMatcher
+from tinyloop.text.stopstrings import StopStringMatcher
 
 
 def run(stops, pieces):

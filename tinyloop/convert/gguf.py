@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TinyLoopError
+from tinyloop.errors import TinyLoopError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

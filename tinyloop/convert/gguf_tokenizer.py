@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from .gguf import GGUFError
+from tinyloop.convert.gguf import GGUFError
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
 DIGITS_FIRST = ("smollm", "starcoder", "refact")

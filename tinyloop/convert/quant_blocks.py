@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import QuantizedTensor, pack_codes
+from tinyloop.model.quant import QuantizedTensor, pack_codes
 
 BLOCK = 32
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}

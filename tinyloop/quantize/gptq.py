@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import QuantizedTensor, check_layout, pack_codes, pad_columns
+from tinyloop.model.quant import QuantizedTensor, check_layout, pack_codes, pad_columns
 
 
 def group_params(columns: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:

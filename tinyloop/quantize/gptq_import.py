@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TinyLoopError
-from ..quant import QuantizedTensor, pack_codes
+from tinyloop.errors import TinyLoopError
+from tinyloop.model.quant import QuantizedTensor, pack_codes
 
 GPTQ_BITS = (2, 4, 8)
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TinyLoopError
-from ..loader import load_model
-from ..model import Span
-from ..modelfile import write_model_file
-from ..progress import Progress
-from ..quant import QuantizedTensor, check_layout, dequantize, quantize_rtn
-from ..weights import expected_tensors
-from .gptq import gptq_quantize
+from tinyloop.errors import TinyLoopError
+from tinyloop.model.loader import load_model
+from tinyloop.model.transformer import Span
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.progress import Progress
+from tinyloop.model.quant import QuantizedTensor, check_layout, dequantize, quantize_rtn
+from tinyloop.model.weights import expected_tensors
+from tinyloop.quantize.gptq import gptq_quantize
 
 SUBLAYERS = ("qkv", "out", "up", "down")
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops
-from .config import ModelConfig
-from .kvcache import KVCache, cache_bytes
-from .ops import TreeRows
-from .weights import LayerWeights, ModelWeights
+from tinyloop.backends import cpu as ops
+from tinyloop.model.config import ModelConfig
+from tinyloop.kv.cache import KVCache, cache_bytes
+from tinyloop.backends.cpu import TreeRows
+from tinyloop.model.weights import LayerWeights, ModelWeights
 
 
 @dataclass

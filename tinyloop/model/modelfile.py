@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .config import ModelConfig
-from .errors import ConfigError, ModelFileError
-from .quant import QuantizedTensor
+from tinyloop.model.config import ModelConfig
+from tinyloop.errors import ConfigError, ModelFileError
+from tinyloop.model.quant import QuantizedTensor
 
 FORMAT_NAME = "tinyloop"
 FORMAT_VERSION = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from tinyloop.errors import ConfigError
 
 MAX_LOOPS_LIMIT = 64
 NORMS = ("layernorm", "rmsnorm")
@@ -99,7 +99,7 @@ class ModelConfig:
 
     def check_loops(self, loops: int, param: str = "loops") -> int:
         """Return `loops` if the model supports it, else raise naming the range."""
-        from .errors import RequestError
+        from tinyloop.errors import RequestError
         if isinstance(loops, bool) or not isinstance(loops, int):
             raise RequestError(f"{param} must be an integer, got {loops!r}", param=param)
         if not self.min_loops <= loops <= self.max_loops:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .errors import RequestError, TinyLoopError
-from .tokenizer import Tokenizer
+from tinyloop.errors import RequestError, TinyLoopError
+from tinyloop.text.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant")
 TEMPLATES = ("plain", "chatml")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ModelConfig
-from ..errors import RequestError
+from tinyloop.model.config import ModelConfig
+from tinyloop.errors import RequestError
 
 MAX_DRAFT_AHEAD = 16
 MAX_BRANCHES = 16

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .layout import canonical
+from tinyloop.backends.cpu.layout import canonical
 
 ATTENTION_BLOCK = 64
 _NEG_INF = np.float32(-np.inf)

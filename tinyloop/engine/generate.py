@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .errors import RequestError
-from .model import LoopedTransformer
-from .output import TokenSink
-from .sampling import Sampler, SamplingParams
+from tinyloop.errors import RequestError
+from tinyloop.model.transformer import LoopedTransformer
+from tinyloop.engine.output import TokenSink
+from tinyloop.engine.sampling import Sampler, SamplingParams
 
 
 @dataclass

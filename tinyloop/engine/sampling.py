@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RequestError
+from tinyloop.errors import RequestError
 
 
 @dataclass(frozen=True)

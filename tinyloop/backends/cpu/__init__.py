@@ -31,11 +31,11 @@ wherever it sits in an array. `tests/test_layout_invariance.py` pins each of the
 assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
 every OpenBLAS core type and NumPy SIMD level the CPU can execute.
 """
-from .activations import gelu_tanh, silu
-from .attention import ATTENTION_BLOCK, TreeRows, attention_bulk, attention_exact
-from .linear import linear
-from .norms import layer_norm, rms_norm
-from .positions import apply_rope, rope_table
+from tinyloop.backends.cpu.activations import gelu_tanh, silu
+from tinyloop.backends.cpu.attention import ATTENTION_BLOCK, TreeRows, attention_bulk, attention_exact
+from tinyloop.backends.cpu.linear import linear
+from tinyloop.backends.cpu.norms import layer_norm, rms_norm
+from tinyloop.backends.cpu.positions import apply_rope, rope_table
 
 __all__ = ["ATTENTION_BLOCK", "TreeRows", "apply_rope", "attention_bulk", "attention_exact", "gelu_tanh",
            "layer_norm", "linear", "rms_norm", "rope_table", "silu"]

@@ -1,7 +1,7 @@
 """Row-wise normalisations over the last axis (each row independent of the others)."""
 import numpy as np
 
-from .layout import canonical
+from tinyloop.backends.cpu.layout import canonical
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops.layout import canonical
-from .quant import pack_codes, unpack_codes
+from tinyloop.backends.cpu.layout import canonical
+from tinyloop.model.quant import pack_codes, unpack_codes
 
 GROUP = 32
 

@@ -22,14 +22,14 @@ import time
 
 import numpy as np
 
-from ..generate import (GenerationRequest, GenerationResult, cancel_check, check_cache_budget, check_request,
+from tinyloop.engine.generate import (GenerationRequest, GenerationResult, cancel_check, check_cache_budget, check_request,
                         stop_ids)
-from ..model import LoopedTransformer, Span, Trunk
-from ..output import TokenSink
-from ..sampling import Sampler, top_k_ids
-from .acceptance import accept_greedy, accept_sampled
-from .params import MAX_TREE_NODES, SpeculativeParams, SpeculativeStats
-from .tree import DraftTree
+from tinyloop.model.transformer import LoopedTransformer, Span, Trunk
+from tinyloop.engine.output import TokenSink
+from tinyloop.engine.sampling import Sampler, top_k_ids
+from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled
+from tinyloop.engine.speculative.params import MAX_TREE_NODES, SpeculativeParams, SpeculativeStats
+from tinyloop.engine.speculative.tree import DraftTree
 
 
 def speculative_generate(model: LoopedTransformer, request: GenerationRequest, params: SpeculativeParams,

@@ -13,10 +13,10 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import RequestError, TinyLoopError
-from .generate import GenerationRequest, generate
-from .loader import LoadedModel
-from .speculative import SpeculativeParams, speculative_generate
+from tinyloop.errors import RequestError, TinyLoopError
+from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.model.loader import LoadedModel
+from tinyloop.engine.speculative import SpeculativeParams, speculative_generate
 
 log = logging.getLogger("tinyloop.engine")
 

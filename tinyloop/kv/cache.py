@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kvcodecs import KV_MODES, codec_for, hadamard
-from .ops import ATTENTION_BLOCK
+from tinyloop.kv.codecs import KV_MODES, codec_for, hadamard
+from tinyloop.backends.cpu import ATTENTION_BLOCK
 
 RING_SLACK = 66          # rows written ahead in one forward (<= 65 tree nodes) + 1
 

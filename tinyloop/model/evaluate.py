@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .loader import LoadedModel
-from .model import Span
-from .progress import Progress
+from tinyloop.model.loader import LoadedModel
+from tinyloop.model.transformer import Span
+from tinyloop.progress import Progress
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Linear layers: y = x @ W (+ b), with W stored (in, out) for fast row products."""
 import numpy as np
 
-from .layout import canonical
+from tinyloop.backends.cpu.layout import canonical
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,

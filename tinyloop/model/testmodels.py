@@ -10,9 +10,9 @@ from importlib import resources
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .config import ModelConfig
-from .modelfile import write_model_file
-from .weights import expected_tensors
+from tinyloop.model.config import ModelConfig
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.model.weights import expected_tensors
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TINY_VOCAB = 512

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model import Span
-from ..ops import TreeRows
+from tinyloop.model.transformer import Span
+from tinyloop.backends.cpu import TreeRows
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import TinyLoopError
+from tinyloop.errors import TinyLoopError
 
 DEVICES = ("auto", "cpu", "cuda")
 

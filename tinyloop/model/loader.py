@@ -4,14 +4,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .backend import Backend, select_backend
-from .errors import TinyLoopError
-from .kvcodecs import KV_MODES
-from .kvconfig import kv_mode_from_env
-from .model import LoopedTransformer
-from .modelfile import ModelFile
-from .tokenizer import Tokenizer
-from .weights import load_weights
+from tinyloop.backends.select import Backend, select_backend
+from tinyloop.errors import TinyLoopError
+from tinyloop.kv.codecs import KV_MODES
+from tinyloop.kv.config import kv_mode_from_env
+from tinyloop.model.transformer import LoopedTransformer
+from tinyloop.model.modelfile import ModelFile
+from tinyloop.text.tokenizer import Tokenizer
+from tinyloop.model.weights import load_weights
 
 
 @dataclass

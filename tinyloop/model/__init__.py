@@ -1,0 +1,1 @@
+"""The model: config, the .tinyloop file, quantized tensors, weights, the looped transformer, loading."""

@@ -1,0 +1,1 @@
+"""Text: the tokenizer and streaming detokenizer, chat templates, stop strings."""
