@@ -1,9 +1,9 @@
-"""One generation as the event loop sees it: engine job, text, stop strings, disconnects.
+"""One generation as the event loop sees it: the engine's events, and disconnects.
 
-The engine thread produces token ids; here they become UTF-8-safe text deltas, pass
-the stop-string matcher, and are yielded to a response writer. The client's
-`receive()` channel is watched the whole time: a disconnect cancels the job, whether
-it is waiting or running.
+The engine thread produces token ids and their text (UTF-8 safe, cut before any stop
+string: engine/output.py); here they are handed to a response writer in batches. The
+client's `receive()` channel is watched the whole time: a disconnect cancels the
+request, whether it is waiting or running.
 """
 from __future__ import annotations
 
@@ -11,34 +11,17 @@ import asyncio
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tinyloop.engine.engine import EngineFailed, Job, QueueFull
+from tinyloop.engine.engine import EngineFailed, QueueFull
+from tinyloop.engine.output import FINISH_SHUTDOWN
+from tinyloop.engine.request import GenerationRequest, GenerationResult
 from tinyloop.errors import RequestError
-from tinyloop.engine.generate import GenerationRequest, GenerationResult
-from tinyloop.engine.sampling import SamplingParams
-from tinyloop.engine.speculative import SpeculativeParams
-from tinyloop.text.stopstrings import StopStringMatcher
-from tinyloop.text.tokenizer import StreamingDetokenizer
 
 from .errors import ApiError, bad_request, unavailable
 from .http import ClientGone
 
 RETRY_AFTER_SECONDS = 1
-
-
-@dataclass
-class Prepared:
-    """A validated request, in engine terms."""
-    prompt_ids: list
-    max_tokens: int
-    loops: int | None
-    sampling: SamplingParams
-    stop_strings: list = field(default_factory=list)
-    stop_ids: tuple = ()
-    mode: str = "generate"
-    speculative: SpeculativeParams | None = None
-    cache_window: int = 0
 
 
 class Mailbox:
@@ -85,26 +68,24 @@ class Outcome:
 
 
 class Generation:
-    def __init__(self, state, prepared: Prepared, receive, started: float):
+    def __init__(self, state, request: GenerationRequest, receive, started: float):
         self.state = state
-        self.prepared = prepared
+        self.request = request
         self.receive = receive
         self.started = started
-        self.detok = StreamingDetokenizer(state.loaded.tokenizer)
-        self.matcher = StopStringMatcher(prepared.stop_strings)
-        self.tokens_seen = 0
         self.first_token_at: float | None = None
         self.outcome: Outcome | None = None
+        self.submission = None
         self._mailbox = Mailbox(asyncio.get_running_loop())
-        request = GenerationRequest(prepared.prompt_ids, prepared.max_tokens, prepared.loops,
-                                    prepared.sampling, prepared.stop_ids, cache_window=prepared.cache_window)
-        self.job = Job(request, prepared.mode, prepared.speculative,
-                       on_event=lambda kind, payload: self._mailbox.put((kind, payload)))
 
     def submit(self) -> None:
-        """Queue the job; 429 when every waiting place is taken, 503 if the engine failed."""
+        """Queue the request; 400 if the engine refuses it, 429 when every waiting place is
+        taken, 503 if the engine failed or is stopping."""
         try:
-            self.state.engine.submit(self.job)
+            self.submission = self.state.engine.submit(
+                self.request, on_event=lambda kind, payload: self._mailbox.put((kind, payload)))
+        except RequestError as exc:
+            raise bad_request(str(exc), exc.param) from None
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy: {exc}; retry after the running generation ends",
                            "rate_limit_error", None, "queue_full",
@@ -114,26 +95,24 @@ class Generation:
 
     async def batches(self):
         """Yield lists of (token_id, released_text): every token that arrived since the
-        last wake-up (a final flushed tail comes as token_id None). Sets self.outcome."""
+        last wake-up (a final tail held back for stop strings comes as token_id None).
+        Sets self.outcome."""
         watcher = asyncio.ensure_future(self._watch_disconnect())
         try:
             while True:
                 batch = []
                 for kind, payload in await self._mailbox.take_all():
                     if kind == "token":
-                        if self.matcher.stopped:
-                            continue            # generated before the cancel took effect
-                        self.tokens_seen += 1
                         if self.first_token_at is None:
                             self.first_token_at = time.perf_counter()
-                        text = self.matcher.feed(self.detok.push(payload))
-                        if self.matcher.stopped:
-                            self.state.engine.cancel(self.job)
-                        batch.append((payload, text))
+                        batch.append(payload)
                     elif kind == "done":
-                        tail = self._finish(payload)
-                        if tail:
-                            batch.append((None, tail))
+                        if payload.finish_reason == FINISH_SHUTDOWN:
+                            raise unavailable("the server is shutting down; the generation was stopped",
+                                              "shutting_down")
+                        self._finish(payload)
+                        if payload.text_tail:
+                            batch.append((None, payload.text_tail))
                         if batch:
                             yield batch
                         return
@@ -147,8 +126,8 @@ class Generation:
                     yield batch
         finally:
             watcher.cancel()
-            if self.outcome is None:
-                self.state.engine.cancel(self.job)
+            if self.outcome is None and self.submission is not None:
+                self.state.engine.cancel(self.submission)
 
     async def text(self) -> tuple[list, str]:
         """Run to the end: (token ids, released text)."""
@@ -157,33 +136,23 @@ class Generation:
             for token_id, text in batch:
                 if token_id is not None:
                     tokens.append(token_id)
-                parts.append(text)
+                parts.append(text or "")
         return tokens, "".join(parts)
 
-    def _finish(self, result: GenerationResult) -> str:
-        tail = ""
-        if not self.matcher.stopped:
-            tail = self.matcher.feed(self.detok.flush())
-            tail += self.matcher.flush()
-        if self.matcher.stopped:
-            finish, completion = "stop", self.tokens_seen
-        else:
-            finish, completion = result.finish_reason, result.completion_tokens
-            if finish not in ("stop", "length"):
-                finish = "stop"
-        if self.first_token_at is None and completion:
+    def _finish(self, result: GenerationResult) -> None:
+        if self.first_token_at is None and result.completion_tokens:
             self.first_token_at = time.perf_counter()
         ttft = None if self.first_token_at is None else (self.first_token_at - self.started) * 1000
-        self.outcome = Outcome(result, finish, completion, ttft)
+        self.outcome = Outcome(result, result.finish_reason, result.completion_tokens, ttft)
         if ttft is not None:
             self.state.metrics.on_first_token(ttft / 1000)
-        return tail
 
     async def _watch_disconnect(self) -> None:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                self.state.engine.cancel(self.job)
+                if self.submission is not None:
+                    self.state.engine.cancel(self.submission)
                 self.state.metrics.on_disconnect()
                 self._mailbox.put_local(("disconnect", None))
                 return

@@ -13,8 +13,8 @@ FIELDS = {"generate": NATIVE, "speculative": NATIVE_SPECULATIVE, "tree_speculati
 
 async def native_generate(request, mode: str = "generate"):
     values = validate(await request.json(), FIELDS[mode])
-    prepared = prepare_native(request.state, values, mode)
-    generation = Generation(request.state, prepared, request.receive, request.started)
+    generation = Generation(request.state, prepare_native(request.state, values, mode), request.receive,
+                            request.started)
     generation.submit()
     if values["stream"]:
         stream = EventStream(request.send)

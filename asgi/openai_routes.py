@@ -75,8 +75,8 @@ async def _complete(request, extended: bool, chat: bool):
     unsupported = OPENAI_UNSUPPORTED if chat else {**OPENAI_UNSUPPORTED, **COMPLETIONS_UNSUPPORTED}
     values = validate(await request.json(), fields, unsupported, None if extended else ELSEWHERE)
     prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values)
-    prepared = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended)
-    generation = Generation(request.state, prepared, request.receive, request.started)
+    engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended)
+    generation = Generation(request.state, engine_request, request.receive, request.started)
     generation.submit()
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())

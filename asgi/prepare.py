@@ -1,12 +1,12 @@
-"""Validated request values -> a Prepared engine request (prompt ids, limits, sampling)."""
+"""Validated request values -> the engine's GenerationRequest (prompt ids, limits, sampling)."""
 from __future__ import annotations
 
-from tinyloop.errors import RequestError
+from tinyloop.engine.request import GenerationRequest
 from tinyloop.engine.sampling import SamplingParams
 from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.errors import RequestError
 
 from .errors import bad_request
-from .generation import Prepared
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -56,7 +56,7 @@ def _loops(state, values):
     return loops
 
 
-def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool) -> Prepared:
+def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool) -> GenerationRequest:
     if values.get("max_tokens") is not None and values.get("max_completion_tokens") is not None \
             and values["max_tokens"] != values["max_completion_tokens"]:
         raise bad_request("max_tokens and max_completion_tokens disagree; send one of them",
@@ -69,8 +69,9 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
         presence_penalty=float(values["presence_penalty"]), frequency_penalty=float(values["frequency_penalty"]),
         seed=_seed(values["seed"])))
     speculative = _speculative(state, values, mode)
-    return Prepared(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
-                    sampling, list(stop_strings), tuple(stop_ids), mode, speculative, values.get("cache_window") or 0)
+    return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
+                             sampling, tuple(stop_ids), tuple(stop_strings), cache_window=values.get("cache_window") or 0,
+                             mode=mode, speculative=speculative)
 
 
 def prompt_ids_of(state, prompt) -> list:
@@ -85,7 +86,7 @@ def prompt_ids_of(state, prompt) -> list:
     return prompt_ids
 
 
-def prepare_native(state, values, mode: str) -> Prepared:
+def prepare_native(state, values, mode: str) -> GenerationRequest:
     tokenizer = state.loaded.tokenizer
     prompt_ids = prompt_ids_of(state, values["prompt"])
     stop_strings, stop_ids = [], []
@@ -100,5 +101,6 @@ def prepare_native(state, values, mode: str) -> Prepared:
         repetition_penalty=float(values["repetition_penalty"]), seed=_seed(values["sample_seed"])))
     speculative = _speculative(state, values, mode)
     max_tokens = fit_max_tokens(state, len(prompt_ids), values["max_tokens"])
-    return Prepared(prompt_ids, max_tokens, _loops(state, values), sampling, stop_strings, tuple(stop_ids),
-                    mode, speculative, values["cache_window"])
+    return GenerationRequest(prompt_ids, max_tokens, _loops(state, values), sampling, tuple(stop_ids),
+                             tuple(stop_strings), cache_window=values["cache_window"], mode=mode,
+                             speculative=speculative)

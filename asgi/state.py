@@ -62,18 +62,18 @@ class ServerState:
             self._fail("no model configured: set TINYLOOP_MODEL_PATH (or use `tinyloop serve --model`)")
             return
         try:
-            loaded = load_model(path, self.settings.device, self.settings.kv_mode, self.settings.kv_budget_bytes)
+            loaded = load_model(path, self.settings.device, self.settings.kv_mode)
             template = ChatTemplate.from_metadata(loaded.file.chat_template)
             engine = Engine(loaded, self.settings.max_waiting, on_failure=self._engine_failed,
-                            on_job_done=self.metrics.on_job_done)
+                            on_job_done=self.metrics.on_job_done, kv_budget_bytes=self.settings.kv_budget_bytes)
         except Exception as exc:         # noqa: BLE001 - any load failure keeps the server up, 503
             self._fail(f"model failed to load: {exc}")
             return
         self.loaded, self.template, self.engine = loaded, template, engine
         self.created = int(os.path.getmtime(path))
         self.status = READY
-        log.info("model %s loaded in %.2fs: device %s, KV cache %s, %s", path, loaded.load_s,
-                 loaded.backend.name, self.kv_cache_mode, loaded.file.quant_summary())
+        log.info("model %s loaded in %.2fs: device %s, KV cache %s (pool %.0f MiB), %s", path, loaded.load_s,
+                 loaded.backend.name, self.kv_cache_mode, engine.pool.nbytes / 2**20, loaded.file.quant_summary())
 
     def _fail(self, reason: str) -> None:
         self.failure = reason

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
 from tinyloop.model.loader import load_model  # noqa: E402
 from tinyloop.model.transformer import Span, Trunk  # noqa: E402
-from tinyloop.engine.speculative import SpeculativeParams, speculative_generate  # noqa: E402
+from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
+from tinyloop.engine.generate import speculative_generate  # noqa: E402
 from tinyloop.model.testmodels import make_test_model  # noqa: E402
 
 SETTINGS = {

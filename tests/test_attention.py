@@ -2,17 +2,10 @@
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu import TreeRows, attention_exact
+from tinyloop.backends.cpu.attention import attention_over
+from tinyloop.model.plan import TreeRows
 
 pytestmark = pytest.mark.exactness
-
-
-def reader(keys, values):
-    def read(rows):
-        if isinstance(rows, tuple):
-            return keys[:, rows[0]:rows[1]], values[:, rows[0]:rows[1]]
-        return keys[:, rows], values[:, rows]
-    return read
 
 
 @pytest.mark.exactness(sample=3)
@@ -46,12 +39,12 @@ def test_tree_node_equals_sequential_decode_of_its_path(seed):
     positions = np.array([base + len(p) - 1 for p in paths])
     q = rng.standard_normal((n_nodes, n_kv * group, hd)).astype(np.float32)
 
-    got = attention_exact(q, reader(keys, values), positions, 0.25, TreeRows(base, path_rows))
+    got = attention_over(q, keys, values, positions, 0.25, TreeRows(base, path_rows))
     for i, path in enumerate(paths):
         seq_keys, seq_values = keys.copy(), values.copy()
         seq_keys[:, base:base + len(path)] = keys[:, path]
         seq_values[:, base:base + len(path)] = values[:, path]
-        expected = attention_exact(q[i:i + 1], reader(seq_keys, seq_values), positions[i:i + 1], 0.25)
+        expected = attention_over(q[i:i + 1], seq_keys, seq_values, positions[i:i + 1], 0.25)
         assert np.array_equal(got[i:i + 1], expected), f"node {i}"
 
 
@@ -65,6 +58,6 @@ def test_contiguous_tree_equals_plain_attention():
     q = rng.standard_normal((10, 4, 8)).astype(np.float32)
     positions = np.arange(100, 110)
     path_rows = np.array([[100 + j if j <= i else 0 for j in range(10)] for i in range(10)])
-    plain = attention_exact(q, reader(keys, values), positions, 0.3)
-    tree = attention_exact(q, reader(keys, values), positions, 0.3, TreeRows(100, path_rows))
+    plain = attention_over(q, keys, values, positions, 0.3)
+    tree = attention_over(q, keys, values, positions, 0.3, TreeRows(100, path_rows))
     assert np.array_equal(plain, tree)

@@ -51,7 +51,7 @@ def test_cancel_flag_stops_within_one_step(tiny):
     cancel = threading.Event()
     seen = []
 
-    def on_token(token):
+    def on_token(token, text):
         seen.append(token)
         if len(seen) == 3:
             cancel.set()

@@ -6,12 +6,16 @@ import pytest
 from tinyloop.errors import RequestError, TinyLoopError
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.kv.cache import KVCache
-from tinyloop.kv.codecs import FloatCodec, IntCodec, group_size, hadamard
+from tinyloop.backends.cpu import CpuBackend
+from tinyloop.backends.cpu.kvstore import FloatStore, IntStore
+from tinyloop.kv.modes import group_size, hadamard
+from tinyloop.kv.pool import KVPool
+from tinyloop.model.plan import build_plan
 from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
-from tinyloop.backends.cpu import attention_exact
-from tinyloop.engine.speculative import SpeculativeParams, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.engine.generate import speculative_generate
 from tinyloop.model.testmodels import random_weights, train_tokenizer
 
 from test_model import random_config
@@ -24,24 +28,24 @@ MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
 def test_int_codec_error_is_at_most_half_a_step(bits, head_dim):
     rng = np.random.default_rng(bits + head_dim)
-    codec = IntCodec(bits)
+    codec = IntStore(bits)
     x = (rng.standard_normal((50, 3, head_dim)) * rng.uniform(0.1, 10, (50, 3, 1))).astype(np.float32)
     codes, scale, offset = codec.quantize(x)
     restored = codec.dequantize(codes, scale, offset)
     step = np.repeat(scale.astype(np.float32), group_size(head_dim), axis=-1)
     assert np.all(np.abs(restored - x) <= step / 2 * (1 + 1e-3) + 1e-6)
     # through the storage arrays too (packing included)
-    arrays = codec.allocate(1, 3, 64, head_dim)
+    arrays = codec.allocate(np.zeros, 1, 3, 64, head_dim)
     codec.store(arrays, 0, slice(0, 50), x)
-    assert np.array_equal(codec.load(arrays, 0, slice(0, 50)), restored.transpose(1, 0, 2))
+    assert np.array_equal(codec.rows(arrays, 0, np.arange(50)), restored.transpose(1, 0, 2))
 
 
 def test_fp16_codec_rounds_to_half_precision():
     x = np.random.default_rng(0).standard_normal((10, 2, 16)).astype(np.float32)
-    codec = FloatCodec(np.float16)
-    arrays = codec.allocate(1, 2, 64, 16)
+    codec = FloatStore(np.float16)
+    arrays = codec.allocate(np.zeros, 1, 2, 64, 16)
     codec.store(arrays, 0, slice(3, 13), x)
-    assert np.array_equal(codec.load(arrays, 0, slice(3, 13)), x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(codec.rows(arrays, 0, np.arange(3, 13)), x.astype(np.float16).astype(np.float32)
                           .transpose(1, 0, 2))
 
 
@@ -61,7 +65,7 @@ def test_hadamard_spreads_outliers_before_int4():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((200, 1, 64)).astype(np.float32)
     x[:, :, 5] *= 40                                   # an outlier channel, as in real keys
-    codec = IntCodec(4)
+    codec = IntStore(4)
     plain = codec.dequantize(*codec.quantize(x))
     h = hadamard(64)
     rotated = codec.dequantize(*codec.quantize(x @ h)) @ h.T
@@ -124,7 +128,8 @@ def test_ring_buffer_equals_a_full_cache_with_the_same_window(tiny, mode):
     window, total = 70, 400
     tokens = np.random.default_rng(3).integers(0, 512, total)
     ring = model.new_cache(total, 4, window=window)
-    full = KVCache(ring.n_slots, model.config.n_kv_heads, model.config.head_dim, total, mode, window, ring=False)
+    full = KVCache(model.backend, ring.n_slots, model.config.n_kv_heads, model.config.head_dim, total, mode, window,
+                   ring=False)
     assert ring.ring is not None and ring.rows < total and full.ring is None
     out = [np.concatenate([model.forward(tokens[p:p + 1], [p], cache, 4) for p in range(total)])
            for cache in (ring, full)]
@@ -137,13 +142,16 @@ def test_window_attention_matches_a_brute_force_softmax():
     window, total, hd = 50, 300, 16
     keys = rng.standard_normal((total, 2, hd)).astype(np.float32)
     values = rng.standard_normal((total, 2, hd)).astype(np.float32)
-    cache = KVCache(1, 2, hd, total, "fp32", window)
+    backend = CpuBackend()
+    cache = KVCache(backend, 1, 2, hd, total, "fp32", window)
+    assert cache.ring is not None
     for start in range(0, total, 40):                       # written in pieces, wrapping the ring
         stop = min(start + 40, total)
-        cache.write(0, start, keys[start:stop], values[start:stop])
-        q = rng.standard_normal((stop - start, 4, hd)).astype(np.float32)
         positions = np.arange(start, stop)
-        got = attention_exact(q, cache.reader(0), positions, 0.3, window=window)
+        plan = build_plan(positions, start, cache.geometry)
+        backend.kv_write(cache.storage, 0, plan, keys[start:stop], values[start:stop])
+        q = rng.standard_normal((stop - start, 4, hd)).astype(np.float32)
+        got = backend.attention(q, cache.storage, 0, plan, 0.3)
         for t, p in enumerate(positions):
             lo = max(0, p - window + 1)
             for head in range(4):
@@ -203,12 +211,13 @@ def test_window_bounds_memory(tiny):
 
 def test_cache_budget_refuses_with_the_numbers(tiny):
     model = load_model(tiny.file.path).model
-    model.kv_budget_bytes = 1 << 19
-    with pytest.raises(RequestError, match=r"needs \d+\.\d MiB of KV cache .* the budget is 0.5 MiB"):
-        generate(model, GenerationRequest([1, 2, 3], 400, loops=8))
-    assert generate(model, GenerationRequest([1, 2, 3], 400, loops=8, cache_window=64, ignore_eos=True))
+    pool = KVPool(model.backend, int(0.9 * 2**20), from_setting=True)
+    with pytest.raises(RequestError, match=r"needs \d+\.\d MiB of KV cache .* the budget is 0.9 MiB "
+                                           r"\(TINYLOOP_KV_BUDGET_MB\)"):
+        generate(model, GenerationRequest([1, 2, 3], 400, loops=8), pool=pool)
+    assert generate(model, GenerationRequest([1, 2, 3], 400, loops=8, cache_window=64, ignore_eos=True), pool=pool)
     with pytest.raises(RequestError, match="KV cache"):
-        speculative_generate(model, GenerationRequest([1, 2, 3], 400), SpeculativeParams(2, 8))
+        speculative_generate(model, GenerationRequest([1, 2, 3], 400), SpeculativeParams(2, 8), pool=pool)
 
 
 # ----------------------------------------------------------------------------- settings

@@ -7,9 +7,10 @@ fails here, by name. Run under every OpenBLAS core type by scripts/exactness_mat
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu import TreeRows, attention_exact, layer_norm, linear, rms_norm
-
-from test_attention import reader
+from tinyloop.backends.cpu.attention import attention_over
+from tinyloop.backends.cpu.linear import linear
+from tinyloop.backends.cpu.norms import layer_norm, rms_norm
+from tinyloop.model.plan import TreeRows
 
 pytestmark = pytest.mark.exactness
 
@@ -53,10 +54,9 @@ def test_attention_bits_do_not_depend_on_the_cache_layout(head_dim, n_kv):
     key_layouts, value_layouts = layouts(keys), layouts(values)
     for tree in (None, TreeRows(150, path_rows)):
         for window in (0, 90):
-            expected = attention_exact(q, reader(keys, values), positions, 0.3, tree, window)
+            expected = attention_over(q, keys, values, positions, 0.3, tree, window)
             for name in key_layouts:
-                got = attention_exact(q, reader(key_layouts[name], value_layouts[name]), positions, 0.3, tree,
-                                      window)
+                got = attention_over(q, key_layouts[name], value_layouts[name], positions, 0.3, tree, window)
                 assert np.array_equal(got, expected), (name, tree is not None, window)
 
 

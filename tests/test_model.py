@@ -118,9 +118,12 @@ def test_loop_count_outside_the_range_is_rejected(tiny):
 def test_cache_has_one_slot_per_executed_layer_instance(tiny):
     config = tiny.config
     cache = tiny.model.new_cache(10, 5)
-    data = cache.key_arrays["data"]
+    data = cache.storage.keys["data"]
     assert data.shape[0] == config.n_prelude + config.n_core * 5 + config.n_coda
-    assert data.shape[1:] == (config.n_kv_heads, 64, config.head_dim) and data.dtype == np.float16
+    assert data.shape[1:] == (config.n_kv_heads, 64, config.head_dim)
+    # the default fp16 mode: every stored value is a half-precision number
+    tiny.model.forward(np.arange(10), np.arange(10), cache, 5)
+    assert np.array_equal(data, data.astype(np.float16).astype(data.dtype)) and np.any(data != 0)
 
 
 def test_prefill_fast_path_is_close_to_exact_path(tiny):

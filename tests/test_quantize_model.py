@@ -9,7 +9,8 @@ from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import ModelFile
 from tinyloop.model.quant import QuantizedTensor
 from tinyloop.quantize.pipeline import quantize_file
-from tinyloop.engine.speculative import SpeculativeParams, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.engine.generate import speculative_generate
 from tinyloop.model.testmodels import make_test_model
 
 CALIBRATION = open("tests/data/jargon-4.4.7-calibration.txt", encoding="utf-8").read()

@@ -1,4 +1,6 @@
 """Self-speculative decoding: exact under greedy, lossless under sampling."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -7,7 +9,9 @@ from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
 from tinyloop.engine.sampling import SamplingParams
-from tinyloop.engine.speculative import SpeculativeDecoder, SpeculativeParams, speculative_generate
+from tinyloop.engine.sequence import Sequence
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.engine.generate import speculative_generate
 from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
 
 from test_model import random_config
@@ -98,18 +102,18 @@ def test_cache_after_rollbacks_equals_a_sequential_run(tiny, branches):
     prompt = [5, 17, 200, 33, 9, 61]
     request = GenerationRequest(prompt, max_tokens=40, ignore_eos=True)
     params = SpeculativeParams(2, 7, 6, branches)
-    decoder = SpeculativeDecoder(model, request, params, None, 0.0)
-    decoder.prefill()
-    while decoder.sink.finish_reason is None:
-        decoder.round()
+    sequence = Sequence(model, replace(request, mode="tree_speculative", speculative=params))
+    while not sequence.finished:
+        sequence.step()
+    decoder = sequence.decoder
     assert decoder.stats.accepted < decoder.stats.drafted          # there were rejections
     length = decoder.cache.length
-    sequence = prompt + decoder.sink.tokens
-    reference = model.new_cache(len(sequence), 7)
+    tokens = prompt + decoder.sink.tokens
+    reference = model.new_cache(len(tokens), 7)
     model.forward(prompt, np.arange(len(prompt)), reference, 7, exact=False, last_only=True)
     for position in range(len(prompt), length):
-        model.forward([sequence[position]], [position], reference, 7)
-    assert length == len(sequence) - 1
+        model.forward([tokens[position]], [position], reference, 7)
+    assert length == len(tokens) - 1
     ours, theirs = decoder.cache.stored(0, length), reference.stored(0, length)
     slots = reference.n_slots
     for name in theirs:
@@ -138,7 +142,7 @@ def test_stops_inside_a_round_end_the_output_exactly_there(tiny):
 def test_cancel_between_rounds(tiny):
     calls = []
     out = speculative_generate(tiny.model, GenerationRequest([1, 2, 3], 50, ignore_eos=True),
-                               SpeculativeParams(2, 8, 3, 1), on_token=calls.append,
+                               SpeculativeParams(2, 8, 3, 1), on_token=lambda token, _: calls.append(token),
                                cancel=lambda: len(calls) >= 5)
     assert out.finish_reason == "cancelled"
     assert 5 <= len(out.tokens) <= 5 + 4 and out.tokens == calls

@@ -6,7 +6,7 @@ last-bit difference cannot hide behind an unchanged argmax."""
 import numpy as np
 import pytest
 
-from tinyloop.engine.generate import prefill
+from tinyloop.engine.decode import prefill
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
 from tinyloop.engine.speculative.tree import DraftTree
@@ -35,9 +35,10 @@ def random_tree(rng, base: int, vocab: int) -> DraftTree:
 
 
 def run_nodes(model, tree, nodes, cache, loops):
-    span = tree.span(nodes)
-    trunk = model.trunk(tree.tokens(nodes), span, cache, loops)
-    return model.head(model.coda(trunk.hidden, span, cache, model.coda_base(loops)))
+    positions, write_row, tree_rows = tree.placement(nodes)
+    plan = model.plan(positions, write_row, cache, tree=tree_rows)
+    trunk = model.trunk(tree.tokens(nodes), plan, cache, loops)
+    return model.head(model.coda(trunk.hidden, plan, cache, model.coda_base(loops)))
 
 
 @pytest.mark.exactness(sample=3)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from tinyloop.errors import TinyLoopError
-from tinyloop.kv.codecs import KV_MODES as KV_MODE_CHOICES
+from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +24,6 @@ def cmd_generate(args) -> int:
     from tinyloop.engine.generate import GenerationRequest, generate
     from tinyloop.model.loader import load_model
     from tinyloop.engine.sampling import SamplingParams
-    from tinyloop.text.tokenizer import StreamingDetokenizer
-
     if len(args.args) > 2:
         raise TinyLoopError("generate takes [MODEL] PROMPT: quote the prompt")
     model, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))
@@ -38,13 +36,13 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
-                                sampling=sampling, cache_window=args.cache_window)
-    detok = StreamingDetokenizer(loaded.tokenizer)
+                                sampling=sampling, cache_window=args.cache_window, stop_strings=tuple(args.stop))
     out = sys.stdout
     if args.echo:
         out.write(args.prompt)
-    result = generate(loaded.model, request, on_token=lambda t: (out.write(detok.push(t)), out.flush()))
-    out.write(detok.flush() + "\n")
+    result = generate(loaded.model, request, on_token=lambda _, text: (out.write(text), out.flush()),
+                      tokenizer=loaded.tokenizer)
+    out.write(result.text_tail + "\n")
     out.flush()
     print(f"[{result.finish_reason}] prompt {result.prompt_tokens} tokens, completion "
           f"{result.completion_tokens} tokens, loops {result.loops}, {result.wall_s * 1000:.0f} ms, "
@@ -54,8 +52,9 @@ def cmd_generate(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from tinyloop.backends.select import select_backend
     from tinyloop.kv.cache import cache_bytes
-    from tinyloop.kv.codecs import KV_MODES, codec_for
+    from tinyloop.kv.modes import KV_MODES, packed_bytes_per_row
     from tinyloop.model.modelfile import ModelFile
     from tinyloop.model.weights import validate_tensors
 
@@ -80,11 +79,15 @@ def cmd_info(args) -> int:
         c.check_loops(loops)
         context = args.context or c.max_seq_len
         instances = c.n_layer_instances(loops)
-        print(f"KV cache at loops={loops} ({instances} layer instances), context {context}:")
+        backend = select_backend(args.device)
+        print(f"KV cache at loops={loops} ({instances} layer instances), context {context}, "
+              f"on the {backend.name} backend:")
         for mode in KV_MODES:
-            per_instance = 2 * codec_for(mode).bytes_per_row(c.n_kv_heads, c.head_dim)
-            total = cache_bytes(instances, c.n_kv_heads, c.head_dim, context, mode)
-            print(f"  {mode:<7} {per_instance:>6} bytes per token per layer instance, "
+            per_instance = 2 * backend.kv_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
+            packed = 2 * packed_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
+            total = cache_bytes(backend, instances, c.n_kv_heads, c.head_dim, context, mode)
+            note = f" (packed: {packed})" if packed != per_instance else ""
+            print(f"  {mode:<7} {per_instance:>6} bytes per token per layer instance{note}, "
                   f"{per_instance * instances:>8} per token, {total / 2**20:>9.1f} MiB")
     return 0
 
@@ -218,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
                    help="KV cache mode (default: $TINYLOOP_KV_CACHE or fp16)")
     p.add_argument("--cache-window", type=int, default=0, help="attend to the last N positions only (0 = all)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the output right before TEXT (repeatable; matched across token boundaries)")
     p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_generate)
 
@@ -297,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loops", type=int, default=None, help="loops for the KV cache figures")
     p.add_argument("--context", type=int, default=None, help="context for the KV cache figures "
                                                              "(default: the model's max_seq_len)")
+    p.add_argument("--device", default=None, help="the backend whose KV storage to size: auto, cpu or cuda "
+                                                   "(default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("new-model", help="write a seeded random test model",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.backends.cpu.topk import top_k_ids
 from tinyloop.errors import RequestError
 
 
@@ -60,20 +61,6 @@ def _check_number(name, value, low, high, low_open=False):
     if value > high or value < low or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise RequestError(f"{name} must be in {bracket}{low}, {high}], got {value}", name)
-
-
-def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
-    """The k best ids (all if k is 0 or >= V), by score descending, ties to the lower id."""
-    if 0 < k < scores.shape[0]:
-        # Everything strictly above the k-th value, then ties at it by lower id.
-        kth = np.partition(scores, -k)[-k]
-        above = np.flatnonzero(scores > kth)
-        tied = np.flatnonzero(scores == kth)[:k - above.shape[0]]
-        ids = np.concatenate([above, tied])
-    else:
-        ids = np.arange(scores.shape[0])
-    order = np.lexsort((ids, -scores[ids]))
-    return ids[order]
 
 
 class Sampler:
@@ -165,3 +152,12 @@ class Sampler:
         if index >= probs.shape[0]:          # u rounded up onto the total
             index = int(np.flatnonzero(probs)[-1])
         return index
+
+
+def next_tokens(sampler: Sampler, backend, logits) -> list[int]:
+    """One token per row of device logits (T, V). Greedy without penalties asks the
+    backend for the argmax, so only ids cross to the host; anything else brings the
+    rows over and uses the float64 host sampler (the reference)."""
+    if sampler.params.greedy and not sampler.params.has_penalties:
+        return [int(t) for t in backend.argmax(logits)]
+    return [sampler.sample(row) for row in backend.to_host(logits)]

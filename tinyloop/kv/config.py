@@ -15,7 +15,7 @@ import os
 
 from tinyloop.env import env_flag
 from tinyloop.errors import TinyLoopError
-from tinyloop.kv.codecs import KV_MODES
+from tinyloop.kv.modes import KV_MODES
 
 
 def kv_mode_from_env(env=None) -> str:

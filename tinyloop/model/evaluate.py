@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.model.loader import LoadedModel
-from tinyloop.model.transformer import Span
 from tinyloop.progress import Progress
 
 
@@ -60,13 +59,12 @@ def perplexity(loaded: LoadedModel, text: str, window: int = 512, stride: int = 
         chunk = tokens[start:stop]
         first_new = max(scored_until, start + 1)     # first position this window scores
         cache = model.new_cache(stop - start, loops)
-        span_positions = np.arange(stop - start)
         # Run the whole window; the head only for the rows whose next token is scored.
-        span = Span(span_positions, 0)
-        trunk = model.trunk(chunk, span, cache, loops, exact=False)
-        hidden = model.coda(trunk.hidden, span, cache, model.coda_base(loops), exact=False)
+        plan = model.contiguous_plan(0, stop - start, cache, exact=False)
+        trunk = model.trunk(chunk, plan, cache, loops)
+        hidden = model.coda(trunk.hidden, plan, cache, model.coda_base(loops))
         rows = slice(first_new - 1 - start, stop - 1 - start)             # predict first_new .. stop-1
-        logits = model.to_host(model.head(hidden[rows], exact=False))
+        logits = model.backend.to_host(model.head(hidden[rows], exact=False))
         nll = -log_softmax_at(logits, tokens[first_new:stop])
         total_nll += float(nll.sum())
         scored += len(nll)

@@ -4,9 +4,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tinyloop.backends.select import Backend, select_backend
+from tinyloop.backends.base import Backend
+from tinyloop.backends.select import select_backend
 from tinyloop.errors import TinyLoopError
-from tinyloop.kv.codecs import KV_MODES
+from tinyloop.kv.modes import KV_MODES
 from tinyloop.kv.config import kv_mode_from_env
 from tinyloop.model.transformer import LoopedTransformer
 from tinyloop.model.modelfile import ModelFile
@@ -35,8 +36,7 @@ class LoadedModel:
         return self.with_bos(self.tokenizer.encode(text))
 
 
-def load_model(path, device: str | None = None, kv_mode: str | None = None,
-               kv_budget_bytes: int | None = None) -> LoadedModel:
+def load_model(path, device: str | None = None, kv_mode: str | None = None) -> LoadedModel:
     """kv_mode None: from TINYLOOP_KV_* (default fp16)."""
     start = time.perf_counter()
     backend = select_backend(device)
@@ -47,8 +47,7 @@ def load_model(path, device: str | None = None, kv_mode: str | None = None,
     if mode == "int4-h" and model_file.config.head_dim & (model_file.config.head_dim - 1):
         raise TinyLoopError(f"the int4-h KV cache needs a power-of-two head_dim; this model has "
                             f"{model_file.config.head_dim}")
-    weights = load_weights(model_file, backend.xp)
+    weights = load_weights(model_file, backend)
     tokenizer = Tokenizer(model_file.tokenizer_json, model_file.config.vocab_size)
-    model = LoopedTransformer(model_file.config, weights, backend.xp, kv_mode=mode)
-    model.kv_budget_bytes = kv_budget_bytes
+    model = LoopedTransformer(model_file.config, weights, backend, kv_mode=mode)
     return LoadedModel(model, tokenizer, model_file, backend, time.perf_counter() - start)

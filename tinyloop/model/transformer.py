@@ -10,6 +10,9 @@ Every executed layer instance owns one KV cache slot: prelude i -> i, core layer
 iteration l -> P + l*C + c, coda layer q -> coda_base + q (P + C*loops by default).
 A core slot does not depend on the total loop count, so a draft at few loops and a
 verify at more loops share the prelude and the first draft_loops iterations' slots.
+
+All arithmetic goes through self.backend (backends/base.py); a forward's positions,
+rows, masks and rotations are worked out once, in its plan (model/plan.py).
 """
 from __future__ import annotations
 
@@ -17,28 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.backends import cpu as ops
+from tinyloop.kv.cache import KVCache
+from tinyloop.kv.pool import request_cache_bytes
+from tinyloop.limits import MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
-from tinyloop.kv.cache import KVCache, cache_bytes
-from tinyloop.backends.cpu import TreeRows
+from tinyloop.model.plan import ForwardPlan, StepBuffers, TreeRows, build_plan
 from tinyloop.model.weights import LayerWeights, ModelWeights
-
-
-@dataclass
-class Span:
-    """Where a forward's T new tokens sit.
-
-    positions: (T,) logical positions (RoPE / learned embeddings, causal visibility);
-    write_row: the cache row of the first token (the T tokens take consecutive rows);
-    tree: for draft-tree nodes, the rows of each node's path (None: row = position).
-    """
-    positions: np.ndarray
-    write_row: int
-    tree: TreeRows | None = None
-
-    @classmethod
-    def contiguous(cls, start: int, count: int) -> "Span":
-        return cls(np.arange(start, start + count), start)
 
 
 @dataclass
@@ -50,30 +37,29 @@ class Trunk:
 
 
 class LoopedTransformer:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, xp=np, kv_mode: str = "fp16"):
+    def __init__(self, config: ModelConfig, weights: ModelWeights, backend, kv_mode: str = "fp16"):
         self.config = config
         self.weights = weights
-        self.xp = xp
+        self.backend = backend
         self.kv_mode = kv_mode          # how every request's KV cache stores keys and values
-        self.kv_budget_bytes: int | None = None   # refuse requests whose cache would exceed it
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
-        if config.positions == "rope":
-            # (max_seq, hd/2) complex64
-            self.rope = xp.asarray(ops.rope_table(config.max_seq_len, config.head_dim, config.rope_theta))
-
-    def to_host(self, array) -> np.ndarray:
-        return array if self.xp is np else self.xp.asnumpy(array)
+        self.rope = (backend.rope_table(config.max_seq_len, config.head_dim, config.rope_theta)
+                     if config.positions == "rope" else None)
+        self.buffers = StepBuffers()    # per-step inputs of the exact path
 
     # -- cache bookkeeping ------------------------------------------------------------
-    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> KVCache:
+    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0, alloc=None) -> KVCache:
         c = self.config
-        return KVCache(c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
-                       capacity, self.kv_mode, window, xp=self.xp)
+        return KVCache(self.backend, c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
+                       capacity, self.kv_mode, window, alloc=alloc)
 
     def cache_bytes(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> int:
+        return request_cache_bytes(self, capacity, loops, window, extra_slots)
+
+    def worst_case_cache_bytes(self) -> int:
+        """The largest cache a request can need: full context at max loops, speculative slots included."""
         c = self.config
-        return cache_bytes(c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim, capacity,
-                           self.kv_mode, window)
+        return self.cache_bytes(c.max_seq_len + MAX_FORWARD_ROWS, c.max_loops, c.n_coda)
 
     def core_slot(self, iteration: int, index: int) -> int:
         return self.config.n_prelude + iteration * self.config.n_core + index
@@ -81,82 +67,84 @@ class LoopedTransformer:
     def coda_base(self, loops: int) -> int:
         return self.config.n_prelude + self.config.n_core * loops
 
+    # -- the plan of a forward ----------------------------------------------------------
+    def plan(self, positions, write_row: int, cache: KVCache, exact: bool = True,
+             tree: TreeRows | None = None) -> ForwardPlan:
+        """Where T new tokens at `positions` go (consecutive virtual rows from write_row),
+        what their queries read, and their RoPE rotations: once per forward."""
+        positions = np.asarray(positions, np.int64)
+        cache.check_rows(write_row, positions.shape[0])
+        plan = build_plan(positions, write_row, cache.geometry, exact, tree, buffers=self.buffers)
+        if self.rope is not None:
+            plan.rotation = self.backend.rope_rows(self.rope, plan.positions)
+        return plan
+
+    def contiguous_plan(self, start: int, count: int, cache: KVCache, exact: bool = True) -> ForwardPlan:
+        return self.plan(np.arange(start, start + count), start, cache, exact)
+
     # -- one layer ----------------------------------------------------------------------
-    def layer(self, weights: LayerWeights, h, span: Span, cache: KVCache, slot: int, exact: bool,
-              capture=None):
+    def layer(self, weights: LayerWeights, h, plan: ForwardPlan, cache: KVCache, slot: int, capture=None):
         """One pre-norm transformer layer; writes this instance's keys/values. h: (T, D).
 
         capture(name, x), if given, sees the input of each linear: "qkv", "out", "up",
         "down" (the quantizer's calibration hook)."""
-        c = self.config
+        c, b, exact = self.config, self.backend, plan.exact
         n_tokens = h.shape[0]
         x = self._norm(h, weights.attn_norm)
         if capture:
             capture("qkv", x)
-        qkv = ops.linear(x, weights.qkv, weights.qkv_bias, exact)          # (T, q_dim + 2 kv_dim)
+        qkv = b.linear(x, weights.qkv, exact)                              # (T, q_dim + 2 kv_dim)
         q = qkv[:, :c.q_dim].reshape(n_tokens, c.n_heads, c.head_dim)
         k = qkv[:, c.q_dim:c.q_dim + c.kv_dim].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
-        if c.positions == "rope":
-            rotation = self.rope[span.positions]                          # (T, hd/2)
-            q = ops.apply_rope(q, rotation)
-            k = ops.apply_rope(k, rotation)
-        cache.write(slot, span.write_row, k, v)
-        q = cache.rotate_queries(q)
-        if exact:
-            attn = ops.attention_exact(q, cache.reader(slot), span.positions, self.scale, span.tree, cache.window)
-        else:
-            if span.tree is not None:
-                raise ValueError("draft trees need the exact attention path")
-            attn = ops.attention_bulk(q, cache.reader(slot), span.positions, self.scale, cache.window)
-        attn = cache.restore_output(attn).reshape(n_tokens, c.q_dim)
+        if plan.rotation is not None:
+            q, k = b.rope(q, plan), b.rope(k, plan)
+        b.kv_write(cache.storage, slot, plan, k, v)
+        attn = b.attention(q, cache.storage, slot, plan, self.scale).reshape(n_tokens, c.q_dim)
         if capture:
             capture("out", attn)
-        h = h + ops.linear(attn, weights.out, weights.out_bias, exact)
+        h = h + b.linear(attn, weights.out, exact)
 
         x = self._norm(h, weights.mlp_norm)
         if capture:
             capture("up", x)
-        up = ops.linear(x, weights.up, weights.up_bias, exact)              # (T, ffn) or (T, 2 ffn)
-        if c.mlp == "swiglu":
-            act = ops.silu(up[:, :c.ffn_dim]) * up[:, c.ffn_dim:]
-        else:
-            act = ops.gelu_tanh(up)
+        up = b.linear(x, weights.up, exact)                                # (T, ffn) or (T, 2 ffn)
+        act = b.swiglu(up, c.ffn_dim) if c.mlp == "swiglu" else b.gelu(up)
         if capture:
             capture("down", act)
-        return h + ops.linear(act, weights.down, weights.down_bias, exact)
+        return h + b.linear(act, weights.down, exact)
 
     # -- the pieces of the forward -------------------------------------------------------
-    def trunk(self, tokens, span: Span, cache: KVCache, iterations: int, exact: bool = True) -> Trunk:
-        """Embed, prelude, and core iterations [0, iterations)."""
-        tokens = self.xp.asarray(tokens)
-        h = self.weights.embed[tokens]                                      # (T, D)
-        if self.weights.pos_embed is not None:
-            h = h + self.weights.pos_embed[span.positions]
-        for i, weights in enumerate(self.weights.layers["prelude"]):
-            h = self.layer(weights, h, span, cache, i, exact)
-        return self.resume(Trunk(h, h, 0), span, cache, iterations, exact)
+    def trunk(self, tokens, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None) -> Trunk:
+        """Embed, prelude, and core iterations [0, iterations).
 
-    def resume(self, trunk: Trunk, span: Span, cache: KVCache, iterations: int,
-               exact: bool = True) -> Trunk:
+        capture(stage, index, name, x), if given, sees every linear's input (the quantizer)."""
+        h = self.backend.embed(self.weights.embed, np.asarray(tokens))            # (T, D)
+        if self.weights.pos_embed is not None:
+            h = h + self.backend.embed(self.weights.pos_embed, plan.positions)
+        for i, weights in enumerate(self.weights.layers["prelude"]):
+            h = self.layer(weights, h, plan, cache, i, _bind(capture, "prelude", i))
+        return self.resume(Trunk(h, h, 0), plan, cache, iterations, capture)
+
+    def resume(self, trunk: Trunk, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None) -> Trunk:
         """Continue core iterations from trunk.iterations up to `iterations`."""
         h = trunk.hidden
         for iteration in range(trunk.iterations, iterations):
             if iteration > 0 and self.config.input_injection == "add":
                 h = h + trunk.injected
             for i, weights in enumerate(self.weights.layers["core"]):
-                h = self.layer(weights, h, span, cache, self.core_slot(iteration, i), exact)
+                h = self.layer(weights, h, plan, cache, self.core_slot(iteration, i), _bind(capture, "core", i))
         return Trunk(h, trunk.injected, max(iterations, trunk.iterations))
 
-    def coda(self, h, span: Span, cache: KVCache, coda_base: int, exact: bool = True):
+    def coda(self, h, plan: ForwardPlan, cache: KVCache, coda_base: int, capture=None):
         for i, weights in enumerate(self.weights.layers["coda"]):
-            h = self.layer(weights, h, span, cache, coda_base + i, exact)
+            h = self.layer(weights, h, plan, cache, coda_base + i, _bind(capture, "coda", i))
         return h
 
     def head(self, h, exact: bool = True):
-        """h: (T, D) -> logits (T, vocab) float32."""
+        """h: (T, D) -> logits (T, vocab) float32, on the backend."""
         x = self._norm(h, self.weights.final_norm)
-        return ops.linear(x, self.weights.head, None, exact)
+        return self.backend.linear(x, self.weights.head, exact)
 
     # -- the whole forward ---------------------------------------------------------------
     def forward(self, tokens, positions, cache: KVCache, loops: int, *, exact: bool = True,
@@ -164,14 +152,14 @@ class LoopedTransformer:
         """Run new tokens at consecutive `positions` (rows = positions) through the model.
 
         tokens, positions: (T,) int. Returns logits (T, vocab), or (1, vocab) for the
-        last position with last_only. With exact=True the result for each position is
-        bitwise independent of T (see ops/__init__.py).
+        last position with last_only, on the backend. With exact=True the result for
+        each position is bitwise independent of T (backends/cpu/__init__.py).
         """
-        positions = np.asarray(positions)
-        span = Span(positions, int(positions[0]))
-        trunk = self.trunk(tokens, span, cache, loops, exact)
+        positions = np.asarray(positions, np.int64)
+        plan = self.plan(positions, int(positions[0]), cache, exact)
+        trunk = self.trunk(tokens, plan, cache, loops)
         base = self.coda_base(loops) if coda_base is None else coda_base
-        h = self.coda(trunk.hidden, span, cache, base, exact)
+        h = self.coda(trunk.hidden, plan, cache, base)
         if last_only:
             h = h[-1:]
         return self.head(h, exact)
@@ -179,5 +167,12 @@ class LoopedTransformer:
     def _norm(self, h, norm_weights):
         weight, bias = norm_weights
         if self.config.norm == "rmsnorm":
-            return ops.rms_norm(h, weight, self.config.norm_eps)
-        return ops.layer_norm(h, weight, bias, self.config.norm_eps)
+            return self.backend.rms_norm(h, weight, self.config.norm_eps)
+        return self.backend.layer_norm(h, weight, bias, self.config.norm_eps)
+
+
+def _bind(capture, stage: str, index: int):
+    """A per-layer view of a model-wide capture hook."""
+    if capture is None:
+        return None
+    return lambda name, x: capture(stage, index, name, x)

@@ -1,9 +1,8 @@
 """Tensor names and shapes of a model, and loading them into backend arrays.
 
-File convention: linear weights are (out, in), like PyTorch and GGUF. The NumPy
-backend keeps them as float32 (in, out), fused where one product can serve several
-projections (q|k|v, gate|up), because a row-vector product against an (in, out)
-matrix is what OpenBLAS does fastest.
+File convention: linear weights are (out, in), like PyTorch and GGUF. Each layer's
+linears are fused where one product serves several projections (q|k|v, gate|up) and
+handed to the backend, which decides how to hold them (backends/base.py).
 """
 from __future__ import annotations
 
@@ -15,9 +14,6 @@ from tinyloop.model.config import ModelConfig
 from tinyloop.errors import ModelFileError
 from tinyloop.model.modelfile import ModelFile
 from tinyloop.model.quant import QuantizedTensor, dequantize
-
-STAGES = ("prelude", "core", "coda")
-
 
 def stage_sizes(config: ModelConfig) -> dict[str, int]:
     return {"prelude": config.n_prelude, "core": config.n_core, "coda": config.n_coda}
@@ -64,26 +60,22 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple]:
 
 @dataclass
 class LayerWeights:
-    """One transformer layer on the backend. Linear weights are (in, out)."""
+    """One transformer layer on the backend: norm vectors and linear handles."""
     attn_norm: tuple            # (weight (D,), bias (D,) | None)
-    qkv: object                 # (D, q_dim + 2 kv_dim)
-    qkv_bias: object | None
-    out: object                 # (q_dim, D)
-    out_bias: object | None
+    qkv: object                 # D -> q_dim + 2 kv_dim, bias included
+    out: object                 # q_dim -> D
     mlp_norm: tuple
-    up: object                  # (D, ffn) for GELU; (D, 2 ffn) = [gate | up] for SwiGLU
-    up_bias: object | None
-    down: object                # (ffn, D)
-    down_bias: object | None
+    up: object                  # D -> ffn for GELU; D -> 2 ffn = [gate | up] for SwiGLU
+    down: object                # ffn -> D
 
 
 @dataclass
 class ModelWeights:
-    embed: object               # (vocab, D)
+    embed: object               # (vocab, D) embedding handle
     pos_embed: object | None    # (max_seq_len, D)
     layers: dict                # stage -> list[LayerWeights]
     final_norm: tuple
-    head: object                # (D, vocab)
+    head: object                # D -> vocab linear handle
 
 
 def validate_tensors(model_file: ModelFile) -> None:
@@ -101,60 +93,57 @@ def validate_tensors(model_file: ModelFile) -> None:
                     raise ModelFileError(model_file.path, f"quantized tensor {name!r} lacks its {part} part")
 
 
-def _as_float32(value) -> np.ndarray:
-    if isinstance(value, QuantizedTensor):
-        return dequantize(value, np.float32)
-    return np.asarray(value, dtype=np.float32)
+def linear_parts(config: ModelConfig, sublayer: str) -> list[str]:
+    """File weights (in fused row order) behind one fused linear of a layer."""
+    return {"qkv": ["attn.q", "attn.k", "attn.v"], "out": ["attn.o"],
+            "up": ["mlp.gate", "mlp.up"] if config.mlp == "swiglu" else ["mlp.up"],
+            "down": ["mlp.down"]}[sublayer]
 
 
-def load_weights(model_file: ModelFile, xp=np) -> ModelWeights:
-    """Dequantize/convert every weight once into float32 backend arrays."""
+SUBLAYERS = ("qkv", "out", "up", "down")
+
+
+def load_layer_linear(model_file: ModelFile, backend, prefix: str, sublayer: str):
+    """The fused linear `sublayer` of the layer at `prefix` ("core.0"), as a backend handle."""
+    names = [f"{prefix}.{part}" for part in linear_parts(model_file.config, sublayer)]
+    bias = None
+    if model_file.config.bias:
+        bias = np.concatenate([np.asarray(_float(model_file.get(f"{n}.bias")), np.float32) for n in names])
+    return backend.prepare_linear([model_file.get(f"{n}.weight") for n in names], bias)
+
+
+def _float(value):
+    return dequantize(value, np.float32) if isinstance(value, QuantizedTensor) else value
+
+
+def load_weights(model_file: ModelFile, backend) -> ModelWeights:
+    """Every weight, prepared once by the backend (which decides how to hold it)."""
     validate_tensors(model_file)
     c = model_file.config
     get = model_file.get
 
-    def plain(name):
-        """A norm vector or embedding table, float32; None if the file has no such tensor."""
-        return xp.asarray(_as_float32(get(name))) if name in model_file.entries else None
-
-    def matrix_in_out(*names):
-        # (out, in) stored -> one (in, sum(out)) contiguous float32 matrix
-        parts = [_as_float32(get(n)) for n in names]
-        return xp.asarray(np.ascontiguousarray(np.concatenate(parts, axis=0).T))
-
-    def bias_of(*names):
-        if not c.bias:
-            return None
-        return xp.asarray(np.concatenate([_as_float32(get(f"{n}.bias")) for n in names]))
+    def vector(name):
+        return backend.prepare_vector(np.asarray(_float(get(name)), np.float32)) if name in model_file.entries \
+            else None
 
     def norm(prefix):
-        return (plain(f"{prefix}.weight"), plain(f"{prefix}.bias"))
+        return (vector(f"{prefix}.weight"), vector(f"{prefix}.bias"))
 
     layers = {}
     for stage, count in stage_sizes(c).items():
-        layers[stage] = []
-        for i in range(count):
-            p = f"{stage}.{i}"
-            qkv_names = [f"{p}.attn.q", f"{p}.attn.k", f"{p}.attn.v"]
-            up_names = [f"{p}.mlp.gate", f"{p}.mlp.up"] if c.mlp == "swiglu" else [f"{p}.mlp.up"]
-            layers[stage].append(LayerWeights(
-                attn_norm=norm(f"{p}.attn_norm"),
-                qkv=matrix_in_out(*[f"{n}.weight" for n in qkv_names]),
-                qkv_bias=bias_of(*qkv_names),
-                out=matrix_in_out(f"{p}.attn.o.weight"),
-                out_bias=bias_of(f"{p}.attn.o"),
-                mlp_norm=norm(f"{p}.mlp_norm"),
-                up=matrix_in_out(*[f"{n}.weight" for n in up_names]),
-                up_bias=bias_of(*up_names),
-                down=matrix_in_out(f"{p}.mlp.down.weight"),
-                down_bias=bias_of(f"{p}.mlp.down"),
-            ))
-    embed = xp.asarray(np.ascontiguousarray(_as_float32(get("embed.weight"))))
+        layers[stage] = [LayerWeights(
+            attn_norm=norm(f"{stage}.{i}.attn_norm"),
+            qkv=load_layer_linear(model_file, backend, f"{stage}.{i}", "qkv"),
+            out=load_layer_linear(model_file, backend, f"{stage}.{i}", "out"),
+            mlp_norm=norm(f"{stage}.{i}.mlp_norm"),
+            up=load_layer_linear(model_file, backend, f"{stage}.{i}", "up"),
+            down=load_layer_linear(model_file, backend, f"{stage}.{i}", "down"),
+        ) for i in range(count)]
     head_name = "embed.weight" if c.tied_head else "head.weight"
     return ModelWeights(
-        embed=embed,
-        pos_embed=plain("pos_embed.weight") if c.positions == "learned" else None,
+        embed=backend.prepare_embedding(get("embed.weight")),
+        pos_embed=backend.prepare_embedding(get("pos_embed.weight")) if c.positions == "learned" else None,
         layers=layers,
         final_norm=norm("final_norm"),
-        head=matrix_in_out(head_name),
+        head=backend.prepare_linear([get(head_name)]),
     )

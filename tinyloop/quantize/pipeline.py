@@ -16,22 +16,12 @@ import numpy as np
 
 from tinyloop.errors import TinyLoopError
 from tinyloop.model.loader import load_model
-from tinyloop.model.transformer import Span
 from tinyloop.model.modelfile import write_model_file
+from tinyloop.model.transformer import Trunk
 from tinyloop.progress import Progress
 from tinyloop.model.quant import QuantizedTensor, check_layout, dequantize, quantize_rtn
-from tinyloop.model.weights import expected_tensors
+from tinyloop.model.weights import SUBLAYERS, expected_tensors, linear_parts
 from tinyloop.quantize.gptq import gptq_quantize
-
-SUBLAYERS = ("qkv", "out", "up", "down")
-
-
-def parts_of(config, sublayer: str) -> list[str]:
-    """File weights (in fused row order) behind one fused backend matrix."""
-    return {"qkv": ["attn.q", "attn.k", "attn.v"], "out": ["attn.o"],
-            "up": ["mlp.gate", "mlp.up"] if config.mlp == "swiglu" else ["mlp.up"],
-            "down": ["mlp.down"]}[sublayer]
-
 
 def split_rows(tensor: QuantizedTensor, sizes: list[int]) -> list[QuantizedTensor]:
     out, start = [], 0
@@ -70,7 +60,7 @@ class Quantizer:
             raise TinyLoopError(f"method must be rtn or gptq, got {method!r}")
         if act_order and method != "gptq":
             raise TinyLoopError("--act-order applies to --method gptq only")
-        self.loaded = load_model(source, kv_mode="fp32")
+        self.loaded = load_model(source, device="cpu", kv_mode="fp32")
         self.config = self.loaded.config
         self.bits, self.group_size, self.method = bits, group_size, method
         self.act_order, self.damp = act_order, damp
@@ -85,14 +75,15 @@ class Quantizer:
     # -- one fused matrix ----------------------------------------------------------------
     def quantize_sublayer(self, stage: str, index: int, sublayer: str, hessian=None) -> None:
         weights = self.loaded.model.weights.layers[stage][index]
-        fused = getattr(weights, sublayer)                            # (in, out) float32
-        weight = np.ascontiguousarray(fused.T)                        # (out, in)
+        fused = getattr(weights, sublayer)                            # the CPU backend's dense handle
+        weight = np.ascontiguousarray(fused.weight.T)                 # (out, in)
         if hessian is None:
             tensor = quantize_rtn(weight, self.bits, self.group_size)
         else:
             tensor = gptq_quantize(weight, hessian, self.bits, self.group_size, self.act_order, self.damp)
-        setattr(weights, sublayer, np.ascontiguousarray(dequantize(tensor).T))   # later layers see it
-        names = parts_of(self.config, sublayer)
+        # later layers see the quantized weight
+        setattr(weights, sublayer, self.loaded.backend.prepare_linear([tensor], fused.bias))
+        names = linear_parts(self.config, sublayer)
         sizes = [self.loaded.file.weight_shape(f"{stage}.{index}.{n}.weight")[0] for n in names]
         for name, part in zip(names, split_rows(tensor, sizes)):
             self.results[f"{stage}.{index}.{name}.weight"] = part
@@ -115,12 +106,12 @@ class Quantizer:
         sequences = [s for s in sequences if len(s) >= 2]
         if not sequences:
             raise TinyLoopError("the calibration text is too short (need at least 2 tokens)")
-        spans = [Span.contiguous(0, len(s)) for s in sequences]
+        spans = [np.arange(len(s)) for s in sequences]
         states = []
-        for tokens, span in zip(sequences, spans):
-            h = model.weights.embed[np.asarray(tokens)]
+        for tokens, positions in zip(sequences, spans):
+            h = model.backend.embed(model.weights.embed, np.asarray(tokens))
             if model.weights.pos_embed is not None:
-                h = h + model.weights.pos_embed[span.positions]
+                h = h + model.backend.embed(model.weights.pos_embed, positions)
             states.append(h)
         n_blocks = c.n_prelude + c.n_core + c.n_coda
         bar = Progress("quantizing layers (gptq)", n_blocks, self.progress)
@@ -136,9 +127,11 @@ class Quantizer:
             states = self._sequential_block("coda", index, states, spans, bar)
         bar.finish(f"quantized {n_blocks} layers on {sum(len(s) for s in sequences)} calibration tokens")
 
-    def _run_layer(self, weights, h, span, capture=None):
-        cache = self.loaded.model.new_cache(len(span.positions), 1)
-        return self.loaded.model.layer(weights, h, span, cache, 0, exact=False, capture=capture)
+    def _run_layer(self, weights, h, positions, capture=None):
+        model = self.loaded.model
+        cache = model.new_cache(len(positions), 1)
+        return model.layer(weights, h, model.contiguous_plan(0, len(positions), cache, exact=False), cache, 0,
+                           capture=capture)
 
     def _sequential_block(self, stage, index, states, spans, bar):
         weights = self.loaded.model.weights.layers[stage][index]
@@ -152,16 +145,19 @@ class Quantizer:
         return [self._run_layer(weights, h, span) for h, span in zip(states, spans)]
 
     def _core_pass(self, states, spans, loops, capture_layer=None, capture=None):
+        """The model's own core loop over each calibration sequence (from the prelude's
+        output); capture sees the inputs of core layer `capture_layer` in every iteration."""
         model = self.loaded.model
+        hook = None
+        if capture is not None:
+            def hook(stage, index, name, x):
+                if stage == "core" and index == capture_layer:
+                    capture(name, x)
         outputs = []
-        for h, span in zip(states, spans):
-            injected = h
-            for iteration in range(loops):
-                if iteration > 0 and self.config.input_injection == "add":
-                    h = h + injected
-                for index, weights in enumerate(model.weights.layers["core"]):
-                    h = self._run_layer(weights, h, span, capture if index == capture_layer else None)
-            outputs.append(h)
+        for h, positions in zip(states, spans):
+            cache = model.new_cache(len(positions), loops)
+            plan = model.contiguous_plan(0, len(positions), cache, exact=False)
+            outputs.append(model.resume(Trunk(h, h, 0), plan, cache, loops, hook).hidden)
         return outputs
 
     def _looped_core(self, states, spans, loops, bar):

@@ -1,7 +1,8 @@
-"""Array kernels of the forward pass, NumPy versions.
+"""The CPU backend: NumPy kernels of the forward pass (backend.py puts them behind the
+Backend interface of backends/base.py).
 
-These are the reference implementations and the CPU path. A GPU backend provides the
-same functions with the same signatures (CUDA sources live in `cuda/`).
+These are the reference implementations and the CPU path: each CUDA kernel in `cuda/`
+has its NumPy twin here, which is its specification.
 
 Two flavours of the row-wise products exist:
 - `exact` (row-invariant): the result for one position does not depend on how many
@@ -15,7 +16,8 @@ dtype and call pattern, whether the row comes from a plain decode step, a chain
 verify, a tree verify, a sliding window or a ring buffer:
 - linear: one gemv per row, (1, in) contiguous @ the layer's one (in, out) weight;
 - attention scores: one gemv per (query, head, block of 64 keys), (1, hd) @ (hd, 64),
-  the key block a C-contiguous (64, hd) copy wherever its rows were read from;
+  the key block a C-contiguous (64, hd) matrix (a view of the cache, or a copy when its
+  rows were gathered from a ring, a tree path or a quantized store);
 - softmax sums: a sum over the last, contiguous axis of 64 (NumPy's fixed pairwise
   order for a fixed length);
 - probability . value: one gemv per block, (1, 64) @ a C-contiguous (64, hd) block;
@@ -23,19 +25,14 @@ verify, a tree verify, a sliding window or a ring buffer:
   query's range hold exact zeros, and x + 0 = x;
 - norms: sums over a row's own contiguous D values; everything else is elementwise.
 Why it holds: BLAS and NumPy choose a kernel, and so a summation order, from the call
-(shapes, strides, transposition, thread count), not from the values; `layout.canonical`
-gives every call the same strides, and the shapes depend only on the model. Alignment
+(shapes, strides, transposition, thread count), not from the values; layout.py gives
+every call the same strides, and the shapes depend only on the model. Alignment
 does not enter (measured under every OpenBLAS core type this project tests). The
 elementwise functions (exp, tanh, sqrt, division) give each element the same bits
 wherever it sits in an array. `tests/test_layout_invariance.py` pins each of these
 assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
 every OpenBLAS core type and NumPy SIMD level the CPU can execute.
 """
-from tinyloop.backends.cpu.activations import gelu_tanh, silu
-from tinyloop.backends.cpu.attention import ATTENTION_BLOCK, TreeRows, attention_bulk, attention_exact
-from tinyloop.backends.cpu.linear import linear
-from tinyloop.backends.cpu.norms import layer_norm, rms_norm
-from tinyloop.backends.cpu.positions import apply_rope, rope_table
+from tinyloop.backends.cpu.backend import CpuBackend, DenseLinear
 
-__all__ = ["ATTENTION_BLOCK", "TreeRows", "apply_rope", "attention_bulk", "attention_exact", "gelu_tanh",
-           "layer_norm", "linear", "rms_norm", "rope_table", "silu"]
+__all__ = ["CpuBackend", "DenseLinear"]

@@ -11,13 +11,25 @@ SkylakeX kernels, and agrees under Prescott, Nehalem, Sandybridge and Haswell. W
 did not matter under any of them: where the operands start in memory (alignment).
 
 So every product and reduction on the exact path first brings its operands into one
-canonical layout, C-contiguous float32, whatever produced them: a slice of the cache,
-a ring-buffer gather, a dequantized copy, a draft tree's path gather. After that, the
-call a given query row makes depends only on the model's shapes.
+canonical layout, whatever produced them: a slice of the cache, a ring-buffer gather,
+a dequantized copy, a draft tree's path gather. For a row vector or a row batch that
+is C-contiguous float32. For a stack of matrices (attention's 64-key blocks) it is
+each matrix C-contiguous float32: BLAS sees one 2-D matrix per call (its pointer,
+leading dimension and shape), never the strides between the matrices of a stack, so
+a view of the cache whose blocks are contiguous needs no copy. After that, the call
+a given query row makes depends only on the model's shapes.
 """
 import numpy as np
 
 
 def canonical(x) -> np.ndarray:
     """x as C-contiguous float32 (no copy when it already is)."""
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def canonical_blocks(x) -> np.ndarray:
+    """A stack of matrices (..., rows, cols) with each matrix C-contiguous float32 (no copy
+    when each already is, whatever the strides between them)."""
+    if (x.dtype == np.float32 and x.strides[-1] == 4 and x.strides[-2] == 4 * x.shape[-1]):
+        return x
     return np.ascontiguousarray(x, dtype=np.float32)

@@ -1,5 +1,4 @@
 """Self-speculative decoding: draft with few loops, verify with many (chains and trees)."""
-from tinyloop.engine.speculative.decoder import SpeculativeDecoder, speculative_generate
 from tinyloop.engine.speculative.params import SpeculativeParams, SpeculativeStats
 
-__all__ = ["SpeculativeDecoder", "SpeculativeParams", "SpeculativeStats", "speculative_generate"]
+__all__ = ["SpeculativeParams", "SpeculativeStats"]

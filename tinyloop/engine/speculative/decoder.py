@@ -18,99 +18,61 @@ as for plain decoding at verify_loops, plus the draft's own coda slots after the
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from tinyloop.engine.generate import (GenerationRequest, GenerationResult, cancel_check, check_cache_budget, check_request,
-                        stop_ids)
-from tinyloop.model.transformer import LoopedTransformer, Span, Trunk
-from tinyloop.engine.output import TokenSink
-from tinyloop.engine.sampling import Sampler, top_k_ids
+from tinyloop.engine.decode import prefill
+from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.engine.sampling import next_tokens
 from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled
-from tinyloop.engine.speculative.params import MAX_TREE_NODES, SpeculativeParams, SpeculativeStats
+from tinyloop.engine.speculative.params import SpeculativeStats
 from tinyloop.engine.speculative.tree import DraftTree
-
-
-def speculative_generate(model: LoopedTransformer, request: GenerationRequest, params: SpeculativeParams,
-                         on_token=None, cancel=None, mode: str | None = None) -> GenerationResult:
-    """Generate like generate(loops=verify_loops), drafting with fewer loops.
-
-    Greedy output is token for token that of plain generation at verify_loops;
-    sampled output has the same distribution. `mode` only labels the result
-    (default: "speculative" for a chain, "tree_speculative" for K_branches > 1).
-    """
-    start = time.perf_counter()
-    params.check(model.config)
-    check_request(model, request, loops=params.verify_loops)
-    decoder = SpeculativeDecoder(model, request, params, on_token, start)
-    is_cancelled = cancel_check(cancel)
-    if is_cancelled():
-        decoder.sink.cancel()
-    else:
-        decoder.prefill()
-        while decoder.sink.finish_reason is None:
-            if is_cancelled():
-                decoder.sink.cancel()
-                break
-            decoder.round()
-    result = decoder.result(start)
-    result.mode = mode or ("speculative" if params.branches == 1 else "tree_speculative")
-    return result
+from tinyloop.limits import MAX_TREE_NODES
+from tinyloop.model.transformer import Trunk
 
 
 class SpeculativeDecoder:
-    def __init__(self, model: LoopedTransformer, request: GenerationRequest, params: SpeculativeParams,
-                 on_token, start: float):
+    def __init__(self, model, request, loops: int, sampler, sink, alloc=None):
         c = model.config
         self.model = model
-        self.params = params
+        self.params = request.speculative
         self.prompt = list(request.prompt_ids)
-        self.sampler = Sampler(request.sampling, c.vocab_size, self.prompt)
+        self.sampler, self.sink = sampler, sink
         # The draft draws its proposals from its own stream, so the verifier's stream
         # (acceptance tests and corrections) is not disturbed by how much was drafted.
         self.draft_rng = np.random.Generator(np.random.PCG64(self.sampler.rng.integers(2**63)))
-        self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, start)
         self.stats = SpeculativeStats()
-        self.verify_coda = model.coda_base(params.verify_loops)
-        self.draft_coda = c.n_layer_instances(params.verify_loops)        # the extra slots
-        capacity = len(self.prompt) + request.max_tokens + MAX_TREE_NODES  # tree rows may overhang
-        check_cache_budget(model, capacity, params.verify_loops, request.cache_window, c.n_coda)
-        self.cache = model.new_cache(capacity, params.verify_loops, extra_slots=c.n_coda,
-                                     window=request.cache_window)
+        self.verify_coda = model.coda_base(self.params.verify_loops)
+        self.draft_coda = c.n_layer_instances(self.params.verify_loops)        # the extra slots
+        capacity, extra = self.capacity(model, request)
+        self.cache = model.new_cache(capacity, self.params.verify_loops, extra_slots=extra,
+                                     window=request.cache_window, alloc=alloc)
         self.next_token: int | None = None     # accepted, not yet run through the model
-        self.prefill_s = 0.0
+
+    @staticmethod
+    def capacity(model, request) -> tuple[int, int]:
+        """(cache rows, extra slots): tree rows may overhang the output; the draft's coda
+        has slots of its own."""
+        return len(request.prompt_ids) + request.max_tokens + MAX_TREE_NODES, model.config.n_coda
 
     # -- prefill ---------------------------------------------------------------------------
     def prefill(self) -> None:
-        """The prompt at verify_loops, exactly as plain generation runs it, plus the
-        draft coda's cache rows for the prompt (from the same pass's state at draft_loops)."""
-        model, d, v = self.model, self.params.draft_loops, self.params.verify_loops
-        n_prompt = len(self.prompt)
-        step = self.cache.max_rows_per_forward        # the same pieces as plain prefill
-        for start in range(0, n_prompt, step):
-            stop = min(start + step, n_prompt)
-            span = Span.contiguous(start, stop - start)
-            trunk = model.trunk(self.prompt[start:stop], span, self.cache, d, exact=False)
-            model.coda(trunk.hidden, span, self.cache, self.draft_coda, exact=False)
-            trunk = model.resume(trunk, span, self.cache, v, exact=False)
-            hidden = model.coda(trunk.hidden, span, self.cache, self.verify_coda, exact=False)
-        logits = model.to_host(model.head(hidden[-1:], exact=False))[0]
-        self.cache.length = n_prompt
-        self.prefill_s = time.perf_counter() - self.sink.start
-        token = self.sampler.sample(logits)
+        """The prompt at verify_loops exactly as plain generation runs it, plus the draft
+        coda's cache rows for the prompt (from the same pass's state at draft_loops)."""
+        p = self.params
+        logits = prefill(self.model, self.prompt, self.cache, p.verify_loops, p.draft_loops, self.draft_coda)
+        token = next_tokens(self.sampler, self.model.backend, logits)[0]
         if self.sink.push(token):
             self.next_token = token
 
     # -- one round -------------------------------------------------------------------------
-    def round(self) -> None:
+    def step(self) -> None:
         p = self.params
         tree = DraftTree(self.next_token, self.cache.length)
         draft_depth = min(p.draft_ahead, self.sink.remaining - 1)
         fed: list[Trunk] = []                         # draft states, node order
         for _ in range(draft_depth):
             fed.append(self._draft_level(tree))
-        logits = self._verify(tree, fed)              # (n_nodes, V)
+        logits = self._verify(tree, fed)              # (n_nodes, V) on the backend
         accepted, next_token = self._accept(tree, logits)
         self.stats.record(tree.depth, len(tree.nodes) - 1, len(accepted))
         self._commit(tree, accepted)
@@ -120,31 +82,44 @@ class SpeculativeDecoder:
         if self.sink.push(next_token):
             self.next_token = next_token
 
+    def _plan(self, tree: DraftTree, nodes: list[int]):
+        positions, write_row, tree_rows = tree.placement(nodes)
+        return self.model.plan(positions, write_row, self.cache, tree=tree_rows)
+
     def _draft_level(self, tree: DraftTree) -> Trunk:
         """Run the deepest level through the draft; add the next level; return its state."""
         model = self.model
         frontier = tree.levels[-1]
-        span = tree.span(frontier)
-        trunk = model.trunk(tree.tokens(frontier), span, self.cache, self.params.draft_loops)
-        hidden = model.coda(trunk.hidden, span, self.cache, self.draft_coda)
-        logits = model.to_host(model.head(hidden))                        # (len(frontier), V)
+        plan = self._plan(tree, frontier)
+        trunk = model.trunk(tree.tokens(frontier), plan, self.cache, self.params.draft_loops)
+        hidden = model.coda(trunk.hidden, plan, self.cache, self.draft_coda)
+        logits = model.head(hidden)                                       # (len(frontier), V)
         if self.sampler.params.greedy:
             tree.add_level(self._best_children(tree, frontier, logits))
         else:
-            tree.add_level(self._sampled_children(tree, frontier, logits))
+            tree.add_level(self._sampled_children(tree, frontier, model.backend.to_host(logits)))
         return trunk
 
     def _best_children(self, tree, frontier, logits):
-        """Greedy tree: the K best (parent, token) by cumulative draft log-probability."""
+        """Greedy tree: the K best (parent, token) by cumulative draft log-probability.
+        Without penalties the backend finds each row's K best (only they reach the host)."""
         k = self.params.branches
+        if not self.sampler.params.has_penalties:
+            ids, values, normalizers = self.model.backend.top_k(logits, k)
+            rows = [(ids[r], values[r] - normalizers[r]) for r in range(len(frontier))]
+        else:
+            host = self.model.backend.to_host(logits)
+            rows = []
+            for row, node in enumerate(frontier):
+                with self.sampler.assuming(tree.path_tokens(node)):
+                    scores = self.sampler.penalized(host[row])
+                top = top_k_ids(scores, k)[:k]                                # best first, low id on ties
+                rows.append((top, scores[top] - log_normalizer(scores)))
         candidates = []
         for row, node in enumerate(frontier):
-            with self.sampler.assuming(tree.path_tokens(node)):
-                scores = self.sampler.penalized(logits[row])
-            log_probs = scores - (scores.max() + np.log(np.exp(scores - scores.max()).sum()))
-            top = top_k_ids(scores, k)[:k]                                 # best first, low id on ties
+            top, log_probs = rows[row]
             base = tree.nodes[node].score
-            candidates += [(-(base + log_probs[t]), row, int(t), node) for t in top]
+            candidates += [(-(base + lp), row, int(t), node) for t, lp in zip(top, log_probs)]
         candidates.sort()
         return [(node, token, -neg_score) for neg_score, _, token, node in candidates[:k]]
 
@@ -161,35 +136,40 @@ class SpeculativeDecoder:
         return children
 
     def _verify(self, tree: DraftTree, fed: list[Trunk]):
-        """Verify logits of every node: (n_nodes, V) on the host."""
+        """Verify logits of every node: (n_nodes, V) on the backend."""
         model, d, v = self.model, self.params.draft_loops, self.params.verify_loops
-        xp = model.xp
         unfed = tree.levels[-1]                       # never run by the draft
-        span = tree.span(unfed)
-        trunk = model.trunk(tree.tokens(unfed), span, self.cache, d)
-        model.coda(trunk.hidden, span, self.cache, self.draft_coda)   # draft rows, for the next round
+        plan = self._plan(tree, unfed)
+        trunk = model.trunk(tree.tokens(unfed), plan, self.cache, d)
+        model.coda(trunk.hidden, plan, self.cache, self.draft_coda)   # draft rows, for the next round
+        xp = model.backend.xp
         hidden = xp.concatenate([t.hidden for t in fed] + [trunk.hidden])
         injected = xp.concatenate([t.injected for t in fed] + [trunk.injected])
-        all_nodes = list(range(len(tree.nodes)))
-        span = tree.span(all_nodes)
-        trunk = model.resume(Trunk(hidden, injected, d), span, self.cache, v)
-        hidden = model.coda(trunk.hidden, span, self.cache, self.verify_coda)
-        return model.to_host(model.head(hidden))
+        plan = self._plan(tree, list(range(len(tree.nodes))))
+        trunk = model.resume(Trunk(hidden, injected, d), plan, self.cache, v)
+        hidden = model.coda(trunk.hidden, plan, self.cache, self.verify_coda)
+        return model.head(hidden)
 
     def _accept(self, tree: DraftTree, logits) -> tuple[list[int], int]:
         """Walk from the root: accepted node indexes, and the verifier's next token."""
         sampler = self.sampler
+        fast_greedy = sampler.params.greedy and not sampler.params.has_penalties
+        targets = self.model.backend.argmax(logits) if fast_greedy else None     # (n_nodes,) ids only
+        host = None if fast_greedy else self.model.backend.to_host(logits)
         accepted: list[int] = []
         node = 0
         while True:
             children = tree.nodes[node].children
             child_tokens = tree.tokens(children)
             with sampler.assuming(tree.path_tokens(node)):
-                if sampler.params.greedy:
-                    target = sampler.greedy_token(logits[node])
+                if fast_greedy:
+                    target = int(targets[node])
+                    choice = accept_greedy(target, child_tokens)
+                elif sampler.params.greedy:
+                    target = sampler.greedy_token(host[node])
                     choice = accept_greedy(target, child_tokens)
                 else:
-                    target_probs = sampler.probabilities(logits[node])
+                    target_probs = sampler.probabilities(host[node])
                     choice, residual = accept_sampled(target_probs, tree.draft_probs.get(node),
                                                       child_tokens, sampler.rng)
             if choice is None:
@@ -199,19 +179,11 @@ class SpeculativeDecoder:
             accepted.append(node)
 
     def _commit(self, tree: DraftTree, accepted: list[int]) -> None:
-        """Move accepted nodes' rows to their positions; the root is already in place."""
+        """Move accepted nodes' rows to their positions (one gather/scatter); the root is
+        already in place, and so are the nodes of a chain."""
         base = tree.base
-        for depth, node in enumerate(accepted, start=1):
-            if node != depth:                     # chains are laid out in place already
-                self.cache.copy_row(base + node, base + depth)
+        moves = [(base + node, base + depth) for depth, node in enumerate(accepted, start=1) if node != depth]
+        if moves:
+            source, target = zip(*moves)
+            self.cache.copy_rows(np.array(source), np.array(target))
         self.cache.length = base + len(accepted) + 1
-
-    def result(self, start: float) -> GenerationResult:
-        sink = self.sink
-        return GenerationResult(
-            tokens=sink.tokens, finish_reason=sink.finish_reason, prompt_tokens=len(self.prompt),
-            completion_tokens=sink.completion_tokens, loops=self.params.verify_loops,
-            wall_s=time.perf_counter() - start, prefill_s=self.prefill_s,
-            time_to_first_token_s=sink.first_token_s, stop_token_id=sink.stop_token_id,
-            speculative=self.stats)
-

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from tinyloop.model.config import ModelConfig
 from tinyloop.errors import RequestError
 
-MAX_DRAFT_AHEAD = 16
-MAX_BRANCHES = 16
-MAX_TREE_NODES = 64          # K_branches * draft_ahead
+from tinyloop.limits import MAX_BRANCHES, MAX_DRAFT_AHEAD, MAX_TREE_NODES
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tinyloop.model.transformer import Span
-from tinyloop.backends.cpu import TreeRows
+from tinyloop.model.plan import TreeRows
 
 
 @dataclass
@@ -64,17 +63,18 @@ class DraftTree:
     def tokens(self, nodes: list[int]) -> list[int]:
         return [self.nodes[i].token for i in nodes]
 
-    def span(self, nodes: list[int]) -> Span:
-        """Where these nodes (consecutive indexes) sit, for a forward over them."""
+    def placement(self, nodes: list[int]) -> tuple:
+        """Where these nodes (consecutive indexes) sit, for a forward over them:
+        (positions (T,), first virtual row, TreeRows or None for a chain)."""
         if nodes != list(range(nodes[0], nodes[0] + len(nodes))):
             raise ValueError("a forward takes consecutive tree nodes")
         positions = np.array([self.base + self.nodes[i].depth for i in nodes])
         write_row = self.base + nodes[0]
         if self.is_chain:
-            return Span(positions, write_row)         # rows are positions: no gather needed
+            return positions, write_row, None         # rows are positions: no gather needed
         width = max(self.nodes[i].depth for i in nodes) + 1
         path_rows = np.zeros((len(nodes), width), np.int64)
         for row, node in enumerate(nodes):
             path = self.path(node)
             path_rows[row, :len(path)] = [self.base + i for i in path]
-        return Span(positions, write_row, TreeRows(self.base, path_rows))
+        return positions, write_row, TreeRows(self.base, path_rows)

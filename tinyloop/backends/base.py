@@ -1,0 +1,130 @@
+"""The seam between the model and the hardware: a Backend owns its kernels.
+
+The model (model/transformer.py) and the engine call these methods and nothing else
+of an array library: a backend is NumPy on the CPU (backends/cpu/), CuPy with CUDA
+RawKernels on a GPU. Arrays passed in and out are the backend's own ("device")
+arrays; the model only slices, reshapes and adds them.
+
+What a backend decides for itself: how a linear weight is held (dense float32 on the
+CPU; packed codes, scales, mins and the act-order permutation on a GPU), how the KV
+cache is stored (codes, scales and mins; the int4-h rotation), how attention reads that
+storage (never a float copy of the whole cache in this interface), and how greedy and
+top-k candidates are found (so a step moves ids or K candidates to the host, not a
+whole vocabulary of logits).
+
+Exactness (ops doc in backends/cpu/__init__.py): on the exact path a row's result must
+not depend on how many rows share a call or where they came from. Every backend
+states how its kernels guarantee that.
+"""
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+
+class Backend(abc.ABC):
+    name: str                     # "cpu" or "cuda"
+    xp: object                    # the array module (numpy, cupy), for allocation only
+
+    # -- memory ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def asarray(self, host: np.ndarray, dtype=None):
+        """A host array on the device."""
+
+    @abc.abstractmethod
+    def to_host(self, array) -> np.ndarray:
+        """A device array on the host."""
+
+    @abc.abstractmethod
+    def allocate(self, nbytes: int):
+        """One zeroed byte buffer (the KV pool is carved from it)."""
+
+    # -- weights, once at load -----------------------------------------------------------------
+    @abc.abstractmethod
+    def prepare_linear(self, parts: list, bias: np.ndarray | None = None):
+        """parts: host weights stored (out, in), each a float array or a QuantizedTensor, fused
+        along `out` in order (q|k|v, gate|up); bias: (sum out,) or None. -> a handle that
+        `linear` multiplies with. A GPU backend keeps quantized parts packed."""
+
+    @abc.abstractmethod
+    def prepare_vector(self, host: np.ndarray | None):
+        """A norm weight or bias (or None) as a device vector."""
+
+    @abc.abstractmethod
+    def prepare_embedding(self, table) -> object:
+        """(vocab or positions, D) table (float or QuantizedTensor) -> a handle `embed` reads."""
+
+    @abc.abstractmethod
+    def rope_table(self, max_positions: int, head_dim: int, theta: float):
+        """(max_positions, hd / 2) rotations on the device; `rope_rows` picks a forward's rows."""
+
+    # -- per forward ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def rope_rows(self, table, positions: np.ndarray):
+        """The rotations of a forward's positions (built once per forward, in its plan)."""
+
+    @abc.abstractmethod
+    def embed(self, table, ids: np.ndarray):
+        """ids: (T,) host ints -> (T, D)."""
+
+    @abc.abstractmethod
+    def linear(self, x, weight, exact: bool):
+        """x: (T, in) -> (T, out) = x @ W (+ bias). exact: each row's result independent of T."""
+
+    @abc.abstractmethod
+    def rms_norm(self, x, weight, eps: float):
+        """x: (T, D) -> (T, D)."""
+
+    @abc.abstractmethod
+    def layer_norm(self, x, weight, bias, eps: float):
+        """x: (T, D) -> (T, D)."""
+
+    @abc.abstractmethod
+    def rope(self, x, plan):
+        """x: (T, heads, hd) -> rotated by plan.rotation (interleaved pairs)."""
+
+    @abc.abstractmethod
+    def swiglu(self, up, ffn_dim: int):
+        """up: (T, 2 ffn) = [gate | up] -> silu(gate) * up, (T, ffn)."""
+
+    @abc.abstractmethod
+    def gelu(self, x):
+        """GELU, tanh approximation."""
+
+    # -- the KV cache --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def kv_storage(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
+        """Storage for one request's keys and values: n_slots layer instances x rows physical
+        rows. alloc(shape, dtype) carves zeroed arrays (from a pool); None: fresh arrays."""
+
+    @abc.abstractmethod
+    def kv_bytes_per_row(self, mode: str, n_kv: int, head_dim: int) -> int:
+        """Bytes one token's keys (or values) take in this backend's storage."""
+
+    @abc.abstractmethod
+    def kv_write(self, storage, slot: int, plan, keys, values) -> None:
+        """keys, values: (T, n_kv, hd), RoPE applied: quantize and store them at plan.write_rows."""
+
+    @abc.abstractmethod
+    def attention(self, q, storage, slot: int, plan, scale: float):
+        """q: (T, H, hd) -> (T, H, hd), reading the storage directly as the plan says."""
+
+    @abc.abstractmethod
+    def kv_copy_rows(self, storage, source: np.ndarray, target: np.ndarray) -> None:
+        """Copy physical rows source[i] -> target[i] in every slot, keys and values (one
+        gather/scatter: moving a round's accepted tree nodes to their positions)."""
+
+    @abc.abstractmethod
+    def kv_stored(self, storage, rows) -> dict:
+        """Raw stored arrays of physical rows in every slot, on the host (for tests)."""
+
+    # -- sampling support ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def argmax(self, logits) -> np.ndarray:
+        """logits: (T, V) -> (T,) host ints, the lowest id on ties."""
+
+    @abc.abstractmethod
+    def top_k(self, logits, k: int) -> tuple:
+        """logits: (T, V) -> host (ids (T, k) best first with ties to the lower id,
+        values (T, k) float64, logsumexp (T,) float64)."""

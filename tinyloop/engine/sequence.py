@@ -1,0 +1,107 @@
+"""One request's decoding state, advanced one step at a time.
+
+A Sequence owns what a generation needs while it runs: the validated request, the
+sampler, the token sink (stop ids, stop strings, max_tokens, text), the KV cache and
+a decoder: plain (one token per step) or speculative (one draft-and-verify round per
+step). The first step is the prompt's prefill. The engine's loop only schedules
+sequences and steps them; cancellation, stop handling and result assembly are here,
+the same for every mode.
+"""
+from __future__ import annotations
+
+import time
+
+from tinyloop.engine.decode import PlainDecoder
+from tinyloop.engine.output import FINISH_CANCELLED, TextStream, TokenSink
+from tinyloop.engine.request import GenerationRequest, GenerationResult, check_request, stop_ids
+from tinyloop.engine.sampling import Sampler
+from tinyloop.engine.speculative.decoder import SpeculativeDecoder
+from tinyloop.errors import RequestError
+from tinyloop.kv.pool import describe_cache
+
+
+class Sequence:
+    def __init__(self, model, request: GenerationRequest, tokenizer=None, pool=None, on_token=None):
+        """on_token(token_id, text delta or None) is called for each generated token (not
+        a stop token). Stop strings and text need the tokenizer; pool: the engine's KV pool
+        (None: the cache gets fresh memory)."""
+        self.start = time.perf_counter()
+        self.model, self.request = model, request
+        self.loops = check_request(model, request)
+        if request.stop_strings and tokenizer is None:
+            raise RequestError("stop strings need the model's tokenizer", "stop")
+        prompt = list(request.prompt_ids)
+        self.sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
+        text = TextStream(tokenizer, request.stop_strings) if tokenizer is not None else None
+        self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, self.start, text)
+        decoder = self.decoder_for(request)
+        capacity, extra = decoder.capacity(model, request)
+        alloc = None
+        if pool is not None:
+            need = model.cache_bytes(capacity, self.loops, extra, request.cache_window)
+            slots = model.config.n_layer_instances(self.loops) + extra
+            pool.check(need, describe_cache(model, capacity, slots, request.cache_window))
+            alloc = pool.allocator()
+        self.decoder = decoder(model, request, self.loops, self.sampler, self.sink, alloc)
+        self.prefilled = False
+        self.prefill_s = 0.0
+
+    @staticmethod
+    def decoder_for(request: GenerationRequest):
+        return PlainDecoder if request.mode == "generate" else SpeculativeDecoder
+
+    @classmethod
+    def cache_shape(cls, model, request: GenerationRequest) -> tuple[int, int]:
+        """(cache rows, extra slots) the request's cache needs."""
+        return cls.decoder_for(request).capacity(model, request)
+
+    @property
+    def finished(self) -> bool:
+        return self.sink.finish_reason is not None
+
+    def step(self) -> None:
+        """The prefill first, then one decode step or speculative round."""
+        if self.finished:
+            return
+        if not self.prefilled:
+            self.decoder.prefill()
+            self.prefilled = True
+            self.prefill_s = time.perf_counter() - self.start
+        else:
+            self.decoder.step()
+
+    def end(self, reason: str = FINISH_CANCELLED) -> None:
+        """Stop before the natural end (cancelled, shutdown); takes effect before the next step."""
+        self.sink.end(reason)
+
+    def result(self) -> GenerationResult:
+        sink = self.sink
+        tail = sink.text.finish() if sink.text is not None else ""
+        return GenerationResult(
+            tokens=sink.tokens, finish_reason=sink.finish_reason, prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=sink.completion_tokens, loops=self.loops,
+            wall_s=time.perf_counter() - self.start, prefill_s=self.prefill_s,
+            time_to_first_token_s=sink.first_token_s, stop_token_id=sink.stop_token_id, mode=self.request.mode,
+            speculative=getattr(self.decoder, "stats", None),
+            text=sink.text.text if sink.text is not None else None, text_tail=tail)
+
+
+def run(sequence: Sequence, cancel=None) -> GenerationResult:
+    """Step a sequence to its end on this thread; cancel (an Event or a callable) is
+    checked before every step, so it takes effect within one step."""
+    is_cancelled = cancel_check(cancel)
+    while not sequence.finished:
+        if is_cancelled():
+            sequence.end(FINISH_CANCELLED)
+            break
+        sequence.step()
+    return sequence.result()
+
+
+def cancel_check(cancel):
+    """cancel: None, an object with is_set() (threading.Event), or a callable -> bool."""
+    if cancel is None:
+        return lambda: False
+    if hasattr(cancel, "is_set"):
+        return cancel.is_set
+    return cancel

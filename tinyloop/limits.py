@@ -1,0 +1,8 @@
+"""Limits shared by the engine, the KV cache and the HTTP layer (one place, so the field
+limits the API validates and the row counts the cache plans for cannot drift apart)."""
+
+MAX_DRAFT_AHEAD = 16                       # draft tokens per speculative round (chain depth)
+MAX_BRANCHES = 16                          # K_branches: candidates kept per tree level
+MAX_TREE_NODES = 64                        # K_branches * draft_ahead: drafted nodes per round
+MAX_FORWARD_ROWS = MAX_TREE_NODES + 1      # rows one exact forward writes: the root and its nodes
+ATTENTION_BLOCK = 64                       # keys are reduced in fixed blocks of this many positions

@@ -1,0 +1,185 @@
+"""One plan per forward: everything about where a forward's T tokens sit, worked out once
+on the host and handed to every layer.
+
+Positions, RoPE rotations, the physical rows the new keys and values go to (ring
+buffer applied), the window, exact or bulk, and for attention the key blocks each
+query reads (shared blocks, a draft tree's per-query path rows, the visibility mask).
+No layer builds an index, a mask or a gather of its own.
+
+Rows: a token's *virtual row* is its logical position, except for draft-tree nodes,
+which take rows after the last position (node i of a round at row base + i). A
+*physical row* is where a virtual row is stored: the same row, or the row modulo the
+ring's size for a sliding-window cache. The ring is a whole number of 64-row blocks,
+so virtual block b is stored, contiguous, at physical block b mod (ring blocks).
+
+The per-step values a captured GPU step must be able to change (tokens, positions,
+write rows, the tree path table) are written into StepBuffers, allocated once per
+engine, never into fresh arrays; the plan's arrays are views of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyloop.limits import ATTENTION_BLOCK, MAX_FORWARD_ROWS
+
+
+@dataclass
+class TreeRows:
+    """Where each query's path lives: logical base + j -> virtual row path_rows[t, j]."""
+    base: int
+    path_rows: np.ndarray          # (T, max_depth + 1) int; entries past a query's depth unused
+
+
+@dataclass
+class Geometry:
+    """The shape of a cache that plans depend on."""
+    rows: int                      # physical rows (a multiple of ATTENTION_BLOCK)
+    ring: int | None               # ring size in rows, or None: physical row = virtual row
+    window: int                    # 0: attend to every earlier position
+
+
+@dataclass
+class AttentionPlan:
+    """Which 64-key blocks each query reads (exact path)."""
+    first: int                     # the first key block's first virtual row
+    n_shared: int                  # blocks every query reads from the same rows
+    n_tail: int                    # blocks each query gathers along its own tree path
+    shared_blocks: object          # physical blocks of the shared part: a slice, or (n_shared,) int array
+    tail_rows: np.ndarray | None   # (T, n_tail * BLOCK) physical rows, or None
+    visible: np.ndarray            # (T, n_shared + n_tail, BLOCK) bool
+
+
+@dataclass
+class BulkChunk:
+    """A piece of a bulk (prefill) forward: queries [start, stop) over key rows `rows`."""
+    start: int
+    stop: int
+    rows: object                   # physical rows: a slice, or an int array
+    visible: np.ndarray            # (stop - start, n_keys) bool
+
+
+@dataclass
+class ForwardPlan:
+    positions: np.ndarray          # (T,) logical positions
+    write_rows: object             # physical rows of the T new tokens: a slice, or (T,) int array
+    exact: bool
+    window: int
+    rotation: object = None        # (T, hd / 2) RoPE rotations on the backend, or None
+    attention: AttentionPlan | None = None
+    bulk: list | None = None       # [BulkChunk] for exact=False
+    tree: TreeRows | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return self.positions.shape[0]
+
+
+class StepBuffers:
+    """Preallocated per-step inputs of the exact path (at most MAX_FORWARD_ROWS rows)."""
+
+    def __init__(self, max_depth: int = MAX_FORWARD_ROWS):
+        self.tokens = np.zeros(MAX_FORWARD_ROWS, np.int64)
+        self.positions = np.zeros(MAX_FORWARD_ROWS, np.int64)
+        self.write_rows = np.zeros(MAX_FORWARD_ROWS, np.int64)
+        self.path_rows = np.zeros((MAX_FORWARD_ROWS, max_depth), np.int64)
+
+
+def _physical(rows: np.ndarray, geometry: Geometry) -> np.ndarray:
+    return rows % geometry.ring if geometry.ring else rows
+
+
+def _row_range(start: int, stop: int, geometry: Geometry):
+    """Virtual rows [start, stop) -> a slice when stored contiguously, else an int array."""
+    if not geometry.ring or (start // geometry.ring == (stop - 1) // geometry.ring):
+        offset = start - start % geometry.ring if geometry.ring else 0
+        return slice(start - offset, stop - offset)
+    return np.arange(start, stop) % geometry.ring
+
+
+def _block_range(first_block: int, end_block: int, geometry: Geometry):
+    ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry.ring else None
+    if not ring_blocks:
+        return slice(first_block, end_block)
+    if first_block // ring_blocks == (end_block - 1) // ring_blocks:
+        offset = first_block - first_block % ring_blocks
+        return slice(first_block - offset, end_block - offset)
+    return np.arange(first_block, end_block) % ring_blocks
+
+
+def build_plan(positions, write_row: int, geometry: Geometry, exact: bool = True, tree: TreeRows | None = None,
+               rotation=None, buffers: StepBuffers | None = None) -> ForwardPlan:
+    """positions: (T,) logical; the T tokens take consecutive virtual rows from write_row."""
+    positions = np.asarray(positions, np.int64)
+    n = positions.shape[0]
+    if tree is not None and not exact:
+        raise ValueError("draft trees need the exact attention path")
+    if buffers is not None and exact and n <= MAX_FORWARD_ROWS:
+        buffers.positions[:n] = positions
+        positions = buffers.positions[:n]
+    write_rows = _row_range(write_row, write_row + n, geometry)
+    if buffers is not None and exact and n <= MAX_FORWARD_ROWS and not isinstance(write_rows, slice):
+        buffers.write_rows[:n] = write_rows
+        write_rows = buffers.write_rows[:n]
+    plan = ForwardPlan(positions, write_rows, exact, geometry.window, rotation, tree=tree)
+    if exact:
+        plan.attention = _attention_plan(positions, geometry, tree)
+    else:
+        plan.bulk = _bulk_chunks(positions, geometry)
+    return plan
+
+
+def _lowest(positions: np.ndarray, window: int) -> np.ndarray:
+    return np.maximum(positions - window + 1, 0) if window else np.zeros_like(positions)
+
+
+def _attention_plan(positions: np.ndarray, geometry: Geometry, tree: TreeRows | None) -> AttentionPlan:
+    lowest = _lowest(positions, geometry.window)
+    first_block = int(lowest.min()) // ATTENTION_BLOCK
+    end_block = int(positions.max()) // ATTENTION_BLOCK + 1
+    shared_end = end_block if tree is None else min(max(tree.base // ATTENTION_BLOCK, first_block), end_block)
+    n_shared, n_tail = shared_end - first_block, end_block - shared_end
+    first = first_block * ATTENTION_BLOCK
+    tail_rows = None
+    if n_tail:
+        virtual = _tail_rows(tree, positions, shared_end * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK)
+        tail_rows = _physical(virtual, geometry)
+    key_pos = np.arange(first, end_block * ATTENTION_BLOCK).reshape(n_shared + n_tail, ATTENTION_BLOCK)
+    visible = ((key_pos[None] <= positions[:, None, None])
+               & (key_pos[None] >= lowest[:, None, None]))                   # (T, n_blocks, BLOCK)
+    return AttentionPlan(first, n_shared, n_tail, _block_range(first_block, shared_end, geometry),
+                         tail_rows, visible)
+
+
+def _tail_rows(tree: TreeRows, positions: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Virtual rows of logical positions [start, stop) for each query: (T, stop - start).
+
+    Below tree.base a position is its own row; from base to the query's position, the
+    query's path; past it, row 0 (masked, never contributes).
+    """
+    logical = np.arange(start, stop)[None, :]                           # (1, tail)
+    rows = np.broadcast_to(logical, (positions.shape[0], stop - start)).copy()
+    offset = logical - tree.base                                        # (1, tail)
+    on_path = (offset >= 0) & (logical <= positions[:, None])
+    depth_index = np.clip(offset, 0, tree.path_rows.shape[1] - 1)
+    path = np.take_along_axis(tree.path_rows, np.broadcast_to(depth_index, rows.shape), axis=1)
+    rows[on_path] = path[on_path]
+    rows[logical > positions[:, None]] = 0
+    return rows
+
+
+BULK_CHUNK = 256          # prefill queries per attention chunk, so the score matrix stays small
+
+
+def _bulk_chunks(positions: np.ndarray, geometry: Geometry) -> list:
+    chunks = []
+    for start in range(0, positions.shape[0], BULK_CHUNK):
+        stop = min(start + BULK_CHUNK, positions.shape[0])
+        pos = positions[start:stop]
+        lowest = _lowest(pos, geometry.window)
+        first, span_end = int(lowest.min()), int(pos.max()) + 1
+        key_pos = np.arange(first, span_end)[None, :]
+        visible = (key_pos <= pos[:, None]) & (key_pos >= lowest[:, None])   # (t, span)
+        chunks.append(BulkChunk(start, stop, _row_range(first, span_end, geometry), visible))
+    return chunks
