@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
 from tinyloop.model.loader import load_model  # noqa: E402
-from tinyloop.model.transformer import Span, Trunk  # noqa: E402
+from tinyloop.model.transformer import Trunk  # noqa: E402
 from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
 from tinyloop.engine.generate import speculative_generate  # noqa: E402
 from tinyloop.model.testmodels import make_test_model  # noqa: E402
@@ -58,19 +58,19 @@ def cost_model(model, draft_loops, verify_loops, context, sizes, repeats):
         model.forward([1], [context], cache, verify_loops)
 
     def draft():
-        span = Span.contiguous(context, 1)
-        trunk = model.trunk([1], span, cache, draft_loops)
-        model.head(model.coda(trunk.hidden, span, cache, draft_coda))
+        plan = model.contiguous_plan(context, 1, cache)
+        trunk = model.trunk([1], plan, cache, draft_loops)
+        model.head(model.coda(trunk.hidden, plan, cache, draft_coda))
 
     out = {"plain": best_time(plain, repeats), "draft": best_time(draft, repeats)}
     for n in sizes:
-        span = Span.contiguous(context, n)
         tokens = np.arange(n) % c.vocab_size
-        state = model.trunk(tokens, span, cache, draft_loops)
+        state = model.trunk(tokens, model.contiguous_plan(context, n, cache), cache, draft_loops)
 
         def verify():
-            trunk = model.resume(Trunk(state.hidden, state.injected, draft_loops), span, cache, verify_loops)
-            model.head(model.coda(trunk.hidden, span, cache, model.coda_base(verify_loops)))
+            plan = model.contiguous_plan(context, n, cache)
+            trunk = model.resume(Trunk(state.hidden, state.injected, draft_loops), plan, cache, verify_loops)
+            model.head(model.coda(trunk.hidden, plan, cache, model.coda_base(verify_loops)))
 
         out[n] = best_time(verify, repeats)
     return out

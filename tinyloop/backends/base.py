@@ -100,7 +100,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def kv_bytes_per_row(self, mode: str, n_kv: int, head_dim: int) -> int:
-        """Bytes one token's keys (or values) take in this backend's storage."""
+        """Bytes one token's keys and values together take in this backend's storage."""
 
     @abc.abstractmethod
     def kv_write(self, storage, slot: int, plan, keys, values) -> None:

@@ -38,7 +38,7 @@ def cache_bytes(backend, n_slots: int, n_kv_heads: int, head_dim: int, capacity:
                 window: int = 0) -> int:
     """Bytes of keys + values a cache of this shape takes on this backend."""
     rows = physical_rows_needed(capacity, window)
-    return 2 * n_slots * rows * backend.kv_bytes_per_row(mode, n_kv_heads, head_dim)
+    return n_slots * rows * backend.kv_bytes_per_row(mode, n_kv_heads, head_dim)
 
 
 class KVCache:

@@ -35,11 +35,11 @@ def check_mode(mode: str) -> str:
 
 
 def packed_bytes_per_row(mode: str, n_kv: int, head_dim: int) -> int:
-    """Bytes one token's keys (or values) take in the mode's packed layout (what a GPU stores)."""
+    """Bytes one token's keys and values together take in the mode's packed layout (what a GPU stores)."""
     if mode in CODE_BITS:
         groups = head_dim // group_size(head_dim)
-        return n_kv * (head_dim * CODE_BITS[mode] // 8 + groups * 4)      # codes + f16 scale + f16 min
-    return n_kv * head_dim * (2 if mode == "fp16" else 4)
+        return 2 * n_kv * (head_dim * CODE_BITS[mode] // 8 + groups * 4)      # codes + f16 scale + f16 min
+    return 2 * n_kv * head_dim * (2 if mode == "fp16" else 4)
 
 
 def hadamard(head_dim: int) -> np.ndarray:

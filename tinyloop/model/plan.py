@@ -41,6 +41,16 @@ class Geometry:
 
 
 @dataclass
+class BlockMask:
+    """The keys queries must not see, for the blocks that hold any: blocks (a slice when
+    consecutive, else an index array) and hidden, (1, T, n, 1, BLOCK) bool, True where a
+    key of those blocks is masked for a query (shaped to broadcast over kv heads and the
+    query heads of a group)."""
+    blocks: object
+    hidden: np.ndarray
+
+
+@dataclass
 class AttentionPlan:
     """Which 64-key blocks each query reads (exact path)."""
     first: int                     # the first key block's first virtual row
@@ -49,6 +59,7 @@ class AttentionPlan:
     shared_blocks: object          # physical blocks of the shared part: a slice, or (n_shared,) int array
     tail_rows: np.ndarray | None   # (T, n_tail * BLOCK) physical rows, or None
     visible: np.ndarray            # (T, n_shared + n_tail, BLOCK) bool
+    mask: BlockMask                # the part of `visible` attention applies
 
 
 @dataclass
@@ -149,7 +160,16 @@ def _attention_plan(positions: np.ndarray, geometry: Geometry, tree: TreeRows | 
     visible = ((key_pos[None] <= positions[:, None, None])
                & (key_pos[None] >= lowest[:, None, None]))                   # (T, n_blocks, BLOCK)
     return AttentionPlan(first, n_shared, n_tail, _block_range(first_block, shared_end, geometry),
-                         tail_rows, visible)
+                         tail_rows, visible, block_mask(visible))
+
+
+def block_mask(visible: np.ndarray) -> BlockMask:
+    """The blocks where some key is invisible to some query (a slice when they are
+    consecutive: a decode step's last block, a window's first), and their mask."""
+    blocks = np.flatnonzero(~visible.all(axis=(0, 2)))
+    if blocks.size and blocks[-1] - blocks[0] + 1 == blocks.size:
+        blocks = slice(int(blocks[0]), int(blocks[-1]) + 1)
+    return BlockMask(blocks, ~visible[None, :, blocks, None, :])
 
 
 def _tail_rows(tree: TreeRows, positions: np.ndarray, start: int, stop: int) -> np.ndarray:

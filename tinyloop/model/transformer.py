@@ -94,11 +94,11 @@ class LoopedTransformer:
         if capture:
             capture("qkv", x)
         qkv = b.linear(x, weights.qkv, exact)                              # (T, q_dim + 2 kv_dim)
-        q = qkv[:, :c.q_dim].reshape(n_tokens, c.n_heads, c.head_dim)
-        k = qkv[:, c.q_dim:c.q_dim + c.kv_dim].reshape(n_tokens, c.n_kv_heads, c.head_dim)
-        v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
+        qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
         if plan.rotation is not None:
-            q, k = b.rope(q, plan), b.rope(k, plan)
+            qk = b.rope(qk, plan)                                          # queries and keys in one go
+        q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
+        v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         b.kv_write(cache.storage, slot, plan, k, v)
         attn = b.attention(q, cache.storage, slot, plan, self.scale).reshape(n_tokens, c.q_dim)
         if capture:

@@ -12,5 +12,16 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x)."""
-    return x / (np.float32(1.0) + np.exp(-x))
+    """x * sigmoid(x) = x / (1 + exp(-x))."""
+    out = np.negative(x)
+    np.exp(out, out=out)
+    out += np.float32(1.0)
+    np.divide(x, out, out=out)
+    return out
+
+
+def swiglu(up: np.ndarray, ffn_dim: int) -> np.ndarray:
+    """up: (T, 2 ffn) = [gate | up] -> silu(gate) * up."""
+    out = silu(up[:, :ffn_dim])
+    out *= up[:, ffn_dim:]
+    return out

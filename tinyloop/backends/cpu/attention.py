@@ -6,6 +6,8 @@ and hands the kernels float32 key and value blocks; the kernels never build an i
 or a mask of their own. A query at logical position p attends to logical positions
 0..p (or the last `window` of them).
 """
+import math
+
 import numpy as np
 
 from tinyloop.backends.cpu.layout import canonical, canonical_blocks
@@ -15,60 +17,86 @@ from tinyloop.model.plan import Geometry, TreeRows, build_plan
 _NEG_INF = np.float32(-np.inf)
 
 
-def attention_exact(q: np.ndarray, shared_keys, shared_values, tail_keys, tail_values, visible: np.ndarray,
+def attention_exact(q: np.ndarray, shared_keys, shared_values, tail_keys, tail_values, mask,
                     scale: float) -> np.ndarray:
     """Row-invariant attention: a query's output does not depend on the other queries.
 
-    q: (T, H, hd); shared_keys/values: (n_kv, n_shared, BLOCK, hd), the blocks every
-    query reads; tail_keys/values: (n_kv, T, n_tail, BLOCK, hd) or None, each query's
-    own blocks (a draft tree's path); visible: (T, n_shared + n_tail, BLOCK) bool.
-    -> (T, H, hd) float32.
+    q: (T, H, hd); shared_keys: (n_kv, n_shared, BLOCK, hd) and shared_values:
+    (n_kv, n_shared, BLOCK, hd + 1), the blocks every query reads, values with a column
+    of ones after hd (so the product also sums each block's probabilities);
+    tail_keys/values: (n_kv, T, n_tail, BLOCK, hd [+ 1]) or None, each query's own
+    blocks (a draft tree's path); mask: the plan's BlockMask (which keys each query
+    must not see, for the blocks that hold any). -> (T, H, hd) float32.
 
     Keys are reduced in fixed blocks of ATTENTION_BLOCK logical positions. Within a
-    block every product is a matrix-vector product of fixed size (one per query and
-    head) on blocks in the canonical layout (layout.py); masked keys get probability
-    exactly 0; per-block sums are then added in block order (cumsum is strictly
-    sequential). Blocks outside a query's own range add exact zeros, so one query
-    computed alone gets the very same bits as in a batch that needs more blocks. A
-    tree node's blocks hold exactly the keys a sequential decode of its path reads, in
-    the same layout, so it gets the same bits too.
+    block every product is one fixed-shape matrix product per (KV head, query, block):
+    the group of query heads sharing the KV head, (group, hd) @ (hd, BLOCK) for the
+    scores and (group, BLOCK) @ (BLOCK, hd) for probability . value, on blocks in the
+    canonical layout (layout.py). Masked keys get probability exactly 0. Per-block
+    results (value sums with the probability sums beside them) are then added in block
+    order, a sequential sum, so blocks outside a query's own range, which hold exact
+    zeros, change nothing: one query computed alone gets the very same bits as in a
+    batch that needs more blocks. A tree node's blocks hold exactly the keys a
+    sequential decode of its path reads, in the same layout, so it gets the same bits.
     """
     n_queries, n_heads, head_dim = q.shape
     n_kv, n_shared = shared_keys.shape[:2]
     group = n_heads // n_kv
-    # (n_kv, 1, 1, n_shared, BLOCK, hd): blocks every query reads from the same rows
-    key_blocks = [canonical_blocks(shared_keys)[:, None, None]]
-    value_blocks = [canonical_blocks(shared_values)[:, None, None]]
+    # (n_kv, 1, n_shared, BLOCK, hd): blocks every query reads from the same rows
+    key_blocks = [canonical_blocks(shared_keys)[:, None]]
+    value_blocks = [canonical_blocks(shared_values)[:, None]]
     n_tail = 0 if tail_keys is None else tail_keys.shape[2]
     if n_tail:
-        # (n_kv, 1, T, n_tail, BLOCK, hd): each query's own gathered blocks
-        key_blocks.append(canonical_blocks(tail_keys)[:, None])
-        value_blocks.append(canonical_blocks(tail_values)[:, None])
+        # (n_kv, T, n_tail, BLOCK, hd): each query's own gathered blocks
+        key_blocks.append(canonical_blocks(tail_keys))
+        value_blocks.append(canonical_blocks(tail_values))
 
-    # (n_kv, group, T, 1, 1, hd): one row vector per (kv head, group member, query)
-    q_rows = canonical(q.reshape(n_queries, n_kv, group, head_dim).transpose(1, 2, 0, 3)
-                       ).reshape(n_kv, group, n_queries, 1, 1, head_dim)
-    scores = np.concatenate([q_rows @ kb.swapaxes(-1, -2) for kb in key_blocks], axis=3)
-    scores *= np.float32(scale)                                       # (n_kv, group, T, n_blocks, 1, BLOCK)
-    scores = np.where(visible[:, :, None, :], scores, _NEG_INF)
-    row_max = scores.max(axis=(3, 4, 5), keepdims=True)                 # (n_kv, group, T, 1, 1, 1)
-    probs = np.exp(scores - row_max)                                    # masked -> exactly 0
-    block_sums = probs.sum(axis=5)                                      # (n_kv, group, T, n_blocks, 1)
-    block_out = np.concatenate(                                         # (n_kv, group, T, n_blocks, 1, hd)
-        [probs[:, :, :, :n_shared] @ value_blocks[0]]                  # rows of probs: unit stride
-        + ([probs[:, :, :, n_shared:] @ value_blocks[1]] if n_tail else []), axis=3)
-    total = np.cumsum(block_sums, axis=3)[:, :, :, -1]                  # (n_kv, group, T, 1)
-    out = np.cumsum(block_out, axis=3)[:, :, :, -1] / total[..., None]  # (n_kv, group, T, 1, hd)
-    return np.ascontiguousarray(
-        out.reshape(n_kv, group, n_queries, head_dim).transpose(2, 0, 1, 3)
-    ).reshape(n_queries, n_heads, head_dim)
+    # (n_kv, T, 1, group, hd): one (group, hd) matrix per (kv head, query), scaled once
+    q_groups = canonical(np.multiply(q.reshape(n_queries, n_kv, group, head_dim).transpose(1, 0, 2, 3),
+                                     np.float32(scale)))[:, :, None]
+    scores = [q_groups @ kb.swapaxes(-1, -2) for kb in key_blocks]     # (n_kv, T, blocks, group, BLOCK)
+    scores = scores[0] if len(scores) == 1 else np.concatenate(scores, axis=2)
+    if isinstance(mask.blocks, slice):              # fully visible blocks need no mask
+        np.copyto(scores[:, :, mask.blocks], _NEG_INF, where=mask.hidden)
+    elif mask.blocks.size:
+        scores[:, :, mask.blocks] = np.where(mask.hidden, _NEG_INF, scores[:, :, mask.blocks])
+    # (n_kv, T, 1, group, 1); max is exact, so how it is taken only changes the speed
+    row_max = scores.max(axis=4, keepdims=True)
+    if scores.shape[2] > 1:
+        row_max = row_max.max(axis=2, keepdims=True)
+    scores -= row_max
+    probs = np.exp(scores, scores)                                      # masked -> exactly 0
+    # (n_kv, T, n_blocks, group, hd + 1): each block's probability . value, and its probability sum
+    if n_tail:
+        per_block = np.empty(probs.shape[:4] + (head_dim + 1,), np.float32)
+        np.matmul(probs[:, :, :n_shared], value_blocks[0], out=per_block[:, :, :n_shared])
+        np.matmul(probs[:, :, n_shared:], value_blocks[1], out=per_block[:, :, n_shared:])
+    else:
+        per_block = probs @ value_blocks[0]
+    # (n_kv, T, group, hd + 1); a sum of one block is that block
+    totals = per_block[:, :, 0] if per_block.shape[2] == 1 else sequential_sum(per_block, axis=2)
+    out = totals[..., :head_dim] / totals[..., head_dim:]               # (n_kv, T, group, hd)
+    return np.ascontiguousarray(out.transpose(1, 0, 2, 3)).reshape(n_queries, n_heads, head_dim)
+
+
+def sequential_sum(x: np.ndarray, axis: int) -> np.ndarray:
+    """Sum over `axis` strictly in index order: ((x0 + x1) + x2) + ...
+
+    NumPy reduces an axis that is not the innermost one by adding whole inner rows in
+    index order; only an innermost reduction is summed pairwise. So x is made C-contiguous
+    and must have more than one element after `axis`, which then cannot become the
+    innermost (tests/test_layout_invariance.py pins this)."""
+    if math.prod(x.shape[axis + 1:]) < 2:
+        raise ValueError("sequential_sum needs more than one element after the summed axis")
+    return np.add.reduce(np.ascontiguousarray(x), axis=axis)
 
 
 def attention_bulk(q: np.ndarray, chunks, read, scale: float) -> np.ndarray:
     """Fast causal attention with GEMMs, for the prompt's prefill (not row-invariant).
 
     q: (T, H, hd); chunks: the plan's BulkChunks; read(rows) -> (keys, values), each
-    (n_kv, n_rows, hd) float32. -> (T, H, hd).
+    (n_kv, n_rows, hd) float32 (values may carry more columns; the first hd are used).
+    -> (T, H, hd).
     """
     n_queries, n_heads, head_dim = q.shape
     out = np.empty_like(q)
@@ -84,7 +112,7 @@ def attention_bulk(q: np.ndarray, chunks, read, scale: float) -> np.ndarray:
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
-        chunk_out = probs @ values[:, None]                           # (n_kv, group, t, hd)
+        chunk_out = probs @ values[:, None, :, :head_dim]             # (n_kv, group, t, hd)
         out[chunk.start:chunk.stop] = chunk_out.transpose(2, 0, 1, 3).reshape(t, n_heads, head_dim)
     return out
 
@@ -98,6 +126,7 @@ def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
     if padded != rows:
         grow = ((0, 0), (0, padded - rows), (0, 0))
         keys, values = np.pad(keys, grow), np.pad(values, grow)
+    values = np.concatenate([values, np.ones(values.shape[:2] + (1,), np.float32)], axis=-1)   # (n_kv, rows, hd + 1)
     plan = build_plan(positions, int(np.min(positions)), Geometry(padded, None, window), exact, tree)
     if not exact:
         return attention_bulk(q, plan.bulk, lambda r: (keys[:, r], values[:, r]), scale)
@@ -109,8 +138,7 @@ def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
 
     tail = [None, None]
     if a.n_tail:
-        n_kv, head_dim = keys.shape[0], keys.shape[2]
-        tail = [side[:, a.tail_rows].reshape(n_kv, len(plan.positions), a.n_tail, ATTENTION_BLOCK, head_dim)
+        tail = [side[:, a.tail_rows].reshape(keys.shape[0], len(plan.positions), a.n_tail, ATTENTION_BLOCK, -1)
                 for side in (keys, values)]
     return attention_exact(q, blocks(keys, a.shared_blocks), blocks(values, a.shared_blocks), *tail,
-                           a.visible, scale)
+                           a.mask, scale)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.backends.base import Backend
-from tinyloop.backends.cpu.activations import gelu_tanh, silu
+from tinyloop.backends.cpu.activations import gelu_tanh, swiglu
 from tinyloop.backends.cpu.attention import attention_bulk, attention_exact
-from tinyloop.backends.cpu.kvstore import KVStorage, store_for
+from tinyloop.backends.cpu.kvstore import KVStorage, bytes_per_row
 from tinyloop.backends.cpu.linear import linear
 from tinyloop.backends.cpu.norms import layer_norm, rms_norm
 from tinyloop.backends.cpu.positions import apply_rope, rope_table
@@ -84,7 +84,7 @@ class CpuBackend(Backend):
         return apply_rope(x, plan.rotation)
 
     def swiglu(self, up, ffn_dim):
-        return silu(up[:, :ffn_dim]) * up[:, ffn_dim:]
+        return swiglu(up, ffn_dim)
 
     def gelu(self, x):
         return gelu_tanh(x)
@@ -94,31 +94,29 @@ class CpuBackend(Backend):
         return KVStorage(mode, n_slots, n_kv, rows, head_dim, alloc)
 
     def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
-        return store_for(mode).bytes_per_row(n_kv, head_dim)
+        return bytes_per_row(mode, n_kv, head_dim)
 
     def kv_write(self, storage: KVStorage, slot, plan, keys, values):
         if storage.rotation is not None:
             keys, values = _rotate(keys, storage.rotation), _rotate(values, storage.rotation)
-        storage.store.store(storage.keys, slot, plan.write_rows, keys)
-        storage.store.store(storage.values, slot, plan.write_rows, values)
+        storage.key_store.store(storage.keys, slot, plan.write_rows, keys)
+        storage.value_store.store(storage.values, slot, plan.write_rows, values)
 
     def attention(self, q, storage: KVStorage, slot, plan, scale):
-        store = storage.store
+        sides = ((storage.key_store, storage.keys), (storage.value_store, storage.values))
         if storage.rotation is not None:
             q = _rotate(q, storage.rotation)
         if plan.exact:
             a = plan.attention
             tails = [None, None]
             if a.n_tail:
-                n_queries = plan.n_tokens
-                tails = [store.rows(side, slot, a.tail_rows).reshape(
-                    storage.n_kv, n_queries, a.n_tail, ATTENTION_BLOCK, storage.head_dim)
-                    for side in (storage.keys, storage.values)]
-            out = attention_exact(q, store.blocks(storage.keys, slot, a.shared_blocks),
-                                  store.blocks(storage.values, slot, a.shared_blocks), *tails, a.visible, scale)
+                tails = [store.rows(arrays, slot, a.tail_rows).reshape(
+                    storage.n_kv, plan.n_tokens, a.n_tail, ATTENTION_BLOCK, -1) for store, arrays in sides]
+            shared = [store.blocks(arrays, slot, a.shared_blocks) for store, arrays in sides]
+            out = attention_exact(q, *shared, *tails, a.mask, scale)
         else:
-            out = attention_bulk(q, plan.bulk, lambda rows: (_rows(store, storage.keys, slot, rows),
-                                                             _rows(store, storage.values, slot, rows)), scale)
+            out = attention_bulk(q, plan.bulk, lambda rows: [_rows(store, arrays, slot, rows)
+                                                             for store, arrays in sides], scale)
         return out if storage.rotation is None else _rotate(out, storage.rotation.T)
 
     def kv_copy_rows(self, storage: KVStorage, source, target):

@@ -12,6 +12,10 @@ Arrays per side (keys, values), for n_slots layer instances and `rows` physical 
 - int modes: codes (n_slots, n_kv, rows, hd * bits / 8) uint8, scale and min
   (n_slots, n_kv, rows, groups) float16; value = code * scale + min (kv/modes.py).
 
+Values are read with a column of ones after their hd columns (stored so for the float
+modes, appended when dequantizing), so attention's probability . value product also
+yields each block's probability sum, in the same fixed-shape BLAS call.
+
 Every operation is per row and elementwise, so what a row reads back never depends on
 which other rows were written with it.
 """
@@ -25,37 +29,43 @@ from tinyloop.model.quant import pack_codes, unpack_codes
 
 
 class FloatStore:
-    def __init__(self, round_to=None):
+    def __init__(self, round_to=None, ones: bool = False):
         self.round_to = round_to                # np.float16 for the fp16 mode
+        self.ones = ones                        # the values side: a column of ones after hd
 
     def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
-        return n_kv * head_dim * 4
+        return n_kv * (head_dim + self.ones) * 4
 
     def allocate(self, alloc, n_slots, n_kv, rows, head_dim) -> dict:
-        return {"data": alloc((n_slots, n_kv, rows, head_dim), np.float32)}
+        data = alloc((n_slots, n_kv, rows, head_dim + self.ones), np.float32)
+        if self.ones:
+            data[..., head_dim] = 1.0
+        return {"data": data}
 
     def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
         """x: (T, n_kv, hd) float32 written at physical rows (a slice or a (T,) array)."""
         if self.round_to is not None:
             x = x.astype(self.round_to)
-        arrays["data"][slot][:, rows] = x.transpose(1, 0, 2)
+        head_dim = x.shape[-1]
+        arrays["data"][slot][:, rows, :head_dim] = x.transpose(1, 0, 2)
 
     def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
-        """Physical blocks (a slice or an index array) -> (n_kv, n_blocks, BLOCK, hd) float32,
+        """Physical blocks (a slice or an index array) -> (n_kv, n_blocks, BLOCK, hd [+ 1]) float32,
         a view when `blocks` is a slice."""
         data = arrays["data"][slot]
-        n_kv, rows, head_dim = data.shape
-        return data.reshape(n_kv, rows // ATTENTION_BLOCK, ATTENTION_BLOCK, head_dim)[:, blocks]
+        n_kv, rows, width = data.shape
+        return data.reshape(n_kv, rows // ATTENTION_BLOCK, ATTENTION_BLOCK, width)[:, blocks]
 
     def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
-        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd) float32."""
+        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
         return arrays["data"][slot][:, rows]
 
 
 class IntStore:
-    def __init__(self, bits: int):
+    def __init__(self, bits: int, ones: bool = False):
         self.bits = bits
         self.levels = (1 << bits) - 1
+        self.ones = ones                        # the values side: reads append a column of ones
 
     def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
         groups = head_dim // group_size(head_dim)
@@ -103,7 +113,10 @@ class IntStore:
         lead = packed.shape[:-1]
         head_dim = packed.shape[-1] * 8 // self.bits
         codes = unpack_codes(packed.reshape(-1, packed.shape[-1]), self.bits).reshape(*lead, head_dim)
-        return self.dequantize(codes, arrays["scale"][slot][index], arrays["min"][slot][index])
+        values = self.dequantize(codes, arrays["scale"][slot][index], arrays["min"][slot][index])
+        if self.ones:
+            values = np.concatenate([values, np.ones(lead + (1,), np.float32)], axis=-1)
+        return values
 
     def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
         n_kv, rows = arrays["codes"].shape[1:3]
@@ -119,11 +132,16 @@ class IntStore:
         return self._load(arrays, slot, (slice(None), rows))
 
 
-def store_for(mode: str):
+def store_for(mode: str, ones: bool = False):
     check_mode(mode)
     if mode in CODE_BITS:
-        return IntStore(CODE_BITS[mode])
-    return FloatStore(np.float16 if mode == "fp16" else None)
+        return IntStore(CODE_BITS[mode], ones)
+    return FloatStore(np.float16 if mode == "fp16" else None, ones)
+
+
+def bytes_per_row(mode: str, n_kv: int, head_dim: int) -> int:
+    """Bytes of one token's keys and values together."""
+    return store_for(mode).bytes_per_row(n_kv, head_dim) + store_for(mode, True).bytes_per_row(n_kv, head_dim)
 
 
 class KVStorage:
@@ -132,9 +150,9 @@ class KVStorage:
     def __init__(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
         alloc = alloc or (lambda shape, dtype: np.zeros(shape, dtype))
         self.mode, self.n_slots, self.n_kv, self.rows, self.head_dim = mode, n_slots, n_kv, rows, head_dim
-        self.store = store_for(mode)
-        self.keys = self.store.allocate(alloc, n_slots, n_kv, rows, head_dim)
-        self.values = self.store.allocate(alloc, n_slots, n_kv, rows, head_dim)
+        self.key_store, self.value_store = store_for(mode), store_for(mode, ones=True)
+        self.keys = self.key_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
+        self.values = self.value_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
         self.rotation = hadamard(head_dim) if mode == "int4-h" else None      # (hd, hd)
 
     @property
