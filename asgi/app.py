@@ -14,7 +14,7 @@ import time
 
 from .auth import authorized
 from .errors import ApiError, unavailable
-from .http import ClientGone, parse_json_body, read_body, send_json
+from .http import ClientGone, guarded_send, parse_json_body, read_body, send_json
 from .native_routes import native_generate
 from .openai_routes import chat_completions, completions, list_models
 from .ops_routes import health, metrics, openapi
@@ -43,7 +43,7 @@ ROUTES = {
 class Request:
     def __init__(self, app: "TinyLoopApp", scope, receive, send):
         self.state = app.state
-        self.scope, self.receive, self.send = scope, receive, send
+        self.scope, self.receive, self.send = scope, receive, guarded_send(send)
         self.started = time.perf_counter()
         self.stream = None                     # the EventStream once a stream has started
         self._limit = app.state.settings.max_body_bytes
@@ -133,7 +133,7 @@ class TinyLoopApp:
             try:
                 await request.stream.event(error.body())
                 await request.stream.done()
-            except Exception:                # noqa: BLE001 - the client may be gone already
+            except ClientGone:               # the client is gone already
                 pass
             return
         await send_json(request.send, error.status, error.body(), error.headers)

@@ -1,6 +1,8 @@
 """The request fields of every generation route (the API document's tables)."""
 from __future__ import annotations
 
+from tinyloop.limits import MAX_BRANCHES, MAX_DRAFT_AHEAD
+
 from .schema import Field
 
 SEED_LOW, SEED_HIGH = -(2 ** 63), 2 ** 64 - 1
@@ -63,8 +65,8 @@ LMSTUDIO_EXTRAS = {
     "mode": Field("string", "generate", choices=("generate", "speculative", "tree_speculative")),
     "draft_loops": Field("integer", 2, low=1, high=32, doc="Draft loop depth (speculative modes)"),
     "verify_loops": Field("integer", 8, low=1, high=64, doc="Verify loop depth (speculative modes)"),
-    "draft_ahead": Field("integer", 4, low=1, high=16, doc="Draft tokens per round / tree depth"),
-    "K_branches": Field("integer", 1, low=1, high=16, doc="Tree branching factor (tree_speculative)"),
+    "draft_ahead": Field("integer", 4, low=1, high=MAX_DRAFT_AHEAD, doc="Draft tokens per round / tree depth"),
+    "K_branches": Field("integer", 1, low=1, high=MAX_BRANCHES, doc="Tree branching factor (tree_speculative)"),
     "cache_window": Field("integer", 0, low=0, doc="Attend to the last N positions only, with a bounded "
                                                   "ring-buffer cache (0 = full)"),
     "repetition_penalty": Field("number", 1.0, low=0.5, high=2.0),
@@ -92,6 +94,6 @@ NATIVE_SPECULATIVE = {
     **{k: v for k, v in NATIVE.items() if k != "loops"},
     "draft_loops": Field("integer", 2, low=1, high=32),
     "verify_loops": Field("integer", 8, low=1, high=64),
-    "draft_ahead": Field("integer", 4, low=1, high=16),
+    "draft_ahead": Field("integer", 4, low=1, high=MAX_DRAFT_AHEAD),
 }
-NATIVE_TREE = {**NATIVE_SPECULATIVE, "K_branches": Field("integer", 1, low=1, high=16)}
+NATIVE_TREE = {**NATIVE_SPECULATIVE, "K_branches": Field("integer", 1, low=1, high=MAX_BRANCHES)}

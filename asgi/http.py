@@ -11,7 +11,18 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 
 
 class ClientGone(Exception):
-    """The client disconnected while we were reading its request."""
+    """The client disconnected (while we read its request, or wrote the response)."""
+
+
+def guarded_send(send):
+    """send, with the OSError a server raises for a connection the client closed turned
+    into ClientGone: a disconnect to record, not a server error."""
+    async def guarded(message):
+        try:
+            await send(message)
+        except OSError as exc:
+            raise ClientGone() from exc
+    return guarded
 
 
 def header(scope, name: bytes) -> bytes | None:

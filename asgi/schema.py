@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tinyloop.text.chat import ROLES
+
 from .errors import bad_request, unprocessable
 
 MAX_STOP_STRINGS = 16
@@ -201,8 +203,8 @@ def _messages(name, value):
             raise unprocessable(f"'{where}.role' must be a string, got {describe(role)}", f"{where}.role")
         if role == "developer":
             role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise bad_request(f"'{where}.role' must be one of system, user, assistant (developer is read "
+        if role not in ROLES:
+            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (developer is read "
                               f"as system); got {role!r}", f"{where}.role")
         messages.append({"role": role, "content": _message_content(f"{where}.content", message.get("content"))})
     if not messages:

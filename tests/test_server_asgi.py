@@ -3,6 +3,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from asgi.app import TinyLoopApp
@@ -458,3 +459,49 @@ def test_kv_budget_refusal_is_a_400(model_path):
     app = ready_app(model_path, kv_budget_bytes=1 << 16)
     response = post(app, "/generate", {"prompt": "Hello", "max_tokens": 300, "loops": 8})
     assert response.status == 400 and "TINYLOOP_KV_BUDGET_MB" in response.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------- shutdown, dead sockets
+def _shut_down_during(app, body):
+    """Start a long generation, stop the server while it runs; the response."""
+    async def scenario():
+        task = asyncio.ensure_future(call(app, "POST", "/generate", body))
+        while app.state.engine.running == 0:
+            await asyncio.sleep(0.005)
+        await asyncio.get_running_loop().run_in_executor(None, app.state.shutdown)
+        return await task
+    return run(scenario())
+
+
+def test_a_shutdown_mid_generation_is_a_503_not_a_finished_answer(model_path):
+    long = {"prompt": "The looped transformer", "max_tokens": 400, "loops": 8}
+    response = _shut_down_during(ready_app(model_path), long)
+    assert response.status == 503
+    assert response.json()["error"]["code"] == "shutting_down" and "shutting down" in response.json()["error"]["message"]
+    events = _shut_down_during(ready_app(model_path), {**long, "stream": True}).events()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+    assert all("finish_reason" not in e for e in events[:-2])          # no "stop" was ever claimed
+
+
+def test_a_send_that_fails_because_the_client_left_is_a_disconnect_not_a_500(model_path, caplog):
+    app = ready_app(model_path)
+    sends = []
+
+    async def send(message):
+        sends.append(message)
+        if message["type"] == "http.response.body":
+            raise ConnectionResetError("client closed the connection")
+
+    body = [{"type": "http.request", "body": orjson.dumps({"prompt": "hi", "max_tokens": 3}), "more_body": False}]
+
+    async def receive():
+        if body:
+            return body.pop()
+        await asyncio.Event().wait()                  # no disconnect message: the socket just fails
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
+    run(app(scope, receive, send))
+    assert app.state.metrics.requests[("/generate", 499)] == 1
+    assert app.state.metrics.requests[("/generate", 500)] == 0
+    assert "internal error" not in caplog.text

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.limits import ATTENTION_BLOCK, MAX_FORWARD_ROWS
+from tinyloop.limits import ATTENTION_BLOCK, MAX_DRAFT_AHEAD, MAX_FORWARD_ROWS
 
 
 @dataclass
@@ -88,13 +88,26 @@ class ForwardPlan:
 
 
 class StepBuffers:
-    """Preallocated per-step inputs of the exact path (at most MAX_FORWARD_ROWS rows)."""
+    """Preallocated per-step inputs of the exact path (at most MAX_FORWARD_ROWS rows): the
+    token ids, positions, write rows and draft-tree path table of the forward being
+    planned. A plan's arrays are views of them, valid until the next plan is built."""
 
-    def __init__(self, max_depth: int = MAX_FORWARD_ROWS):
+    def __init__(self):
         self.tokens = np.zeros(MAX_FORWARD_ROWS, np.int64)
         self.positions = np.zeros(MAX_FORWARD_ROWS, np.int64)
         self.write_rows = np.zeros(MAX_FORWARD_ROWS, np.int64)
-        self.path_rows = np.zeros((MAX_FORWARD_ROWS, max_depth), np.int64)
+        self.path_rows = np.zeros((MAX_FORWARD_ROWS, MAX_DRAFT_AHEAD + 1), np.int64)
+
+    def hold(self, name: str, values) -> np.ndarray:
+        """values (n,) or (n, width) written into the buffer `name`; returns the view (or
+        values themselves when they do not fit: an exact forward over a long stretch, not a step)."""
+        values = np.asarray(values)
+        buffer = getattr(self, name)
+        if any(n > size for n, size in zip(values.shape, buffer.shape)):
+            return values
+        target = buffer[tuple(slice(0, n) for n in values.shape)]
+        target[...] = values
+        return target
 
 
 def _physical(rows: np.ndarray, geometry: Geometry) -> np.ndarray:
@@ -126,13 +139,13 @@ def build_plan(positions, write_row: int, geometry: Geometry, exact: bool = True
     n = positions.shape[0]
     if tree is not None and not exact:
         raise ValueError("draft trees need the exact attention path")
-    if buffers is not None and exact and n <= MAX_FORWARD_ROWS:
-        buffers.positions[:n] = positions
-        positions = buffers.positions[:n]
     write_rows = _row_range(write_row, write_row + n, geometry)
-    if buffers is not None and exact and n <= MAX_FORWARD_ROWS and not isinstance(write_rows, slice):
-        buffers.write_rows[:n] = write_rows
-        write_rows = buffers.write_rows[:n]
+    if buffers is not None and exact:
+        positions = buffers.hold("positions", positions)
+        if not isinstance(write_rows, slice):
+            write_rows = buffers.hold("write_rows", write_rows)
+        if tree is not None:
+            tree = TreeRows(tree.base, buffers.hold("path_rows", tree.path_rows))
     plan = ForwardPlan(positions, write_rows, exact, geometry.window, rotation, tree=tree)
     if exact:
         plan.attention = _attention_plan(positions, geometry, tree)

@@ -119,7 +119,8 @@ class LoopedTransformer:
         """Embed, prelude, and core iterations [0, iterations).
 
         capture(stage, index, name, x), if given, sees every linear's input (the quantizer)."""
-        h = self.backend.embed(self.weights.embed, np.asarray(tokens))            # (T, D)
+        ids = self.buffers.hold("tokens", tokens) if plan.exact else np.asarray(tokens)
+        h = self.backend.embed(self.weights.embed, ids)                           # (T, D)
         if self.weights.pos_embed is not None:
             h = h + self.backend.embed(self.weights.pos_embed, plan.positions)
         for i, weights in enumerate(self.weights.layers["prelude"]):

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from tinyloop.errors import RequestError, TinyLoopError
+from tinyloop.errors import TinyLoopError
 from tinyloop.text.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant")          # what a message may be from (asgi/schema.py checks)
 TEMPLATES = ("plain", "chatml")
 
 
@@ -85,14 +85,3 @@ def _special_id(tokenizer: Tokenizer, token: str) -> int:
     if token_id is None:
         raise TinyLoopError(f"the chat template needs the token {token!r}, which this tokenizer lacks")
     return token_id
-
-
-def check_messages(messages) -> list[dict]:
-    """Validate the messages array's values (shapes are checked by the HTTP layer)."""
-    if not messages:
-        raise RequestError("messages must contain at least one message", "messages")
-    for index, message in enumerate(messages):
-        if message["role"] not in ROLES:
-            raise RequestError(f"messages[{index}].role must be one of {', '.join(ROLES)}; "
-                               f"got {message['role']!r}", f"messages[{index}].role")
-    return messages
