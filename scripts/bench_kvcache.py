@@ -75,7 +75,7 @@ def main():
         logits = [teacher_forced_logits(loaded, loaded.tokenizer.encode(t)) for t in texts]
         diffs = np.concatenate([np.abs(a - r).ravel() for a, r in zip(logits, ref_logits)])
         agree = np.mean(np.concatenate([a.argmax(1) == r.argmax(1) for a, r in zip(logits, ref_logits)]))
-        per_instance = 2 * loaded.backend.kv_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
+        per_instance = loaded.backend.kv_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
         print(f"{mode:<7} {result.perplexity:>9.4f} {result.perplexity / ppl_ref:>8.4f} {diffs.max():>11.4f} "
               f"{diffs.mean():>12.4f} {agree:>11.4f} {per_instance:>12} {decode_speed(loaded, 1024):>17.1f}",
               flush=True)
@@ -90,7 +90,7 @@ def main():
         backend = CpuBackend()
         cache = KVCache(backend, slots, config.n_kv_heads, config.head_dim, 4096, mode)
         print(f"  {mode:<7} {cache.nbytes / 2**30:7.3f} GiB "
-              f"({2 * backend.kv_bytes_per_row(mode, config.n_kv_heads, config.head_dim)} bytes per token per "
+              f"({backend.kv_bytes_per_row(mode, config.n_kv_heads, config.head_dim)} bytes per token per "
               f"layer instance on the CPU)")
         del cache
 

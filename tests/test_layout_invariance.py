@@ -7,7 +7,7 @@ fails here, by name. Run under every OpenBLAS core type by scripts/exactness_mat
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.attention import attention_over
+from tinyloop.backends.cpu.attention import attention_over, sequential_sum
 from tinyloop.backends.cpu.linear import linear
 from tinyloop.backends.cpu.norms import layer_norm, rms_norm
 from tinyloop.model.plan import TreeRows
@@ -89,20 +89,21 @@ def test_norm_rows_do_not_depend_on_layout_or_batch(norm):
 
 
 # --------------------------------------------------------------------- what the invariant rests on
-@pytest.mark.parametrize("n_in, n_out, transposed", [
-    (8, 64, True), (16, 64, True), (64, 64, True), (128, 64, True),          # q . key block
-    (64, 8, False), (64, 16, False), (64, 128, False),                       # p . value block
-    (64, 192, False), (576, 1728, False), (1536, 576, False), (576, 1000, True),   # linears, a tied head
+@pytest.mark.parametrize("rows, n_in, n_out, transposed", [
+    (1, 8, 64, True), (3, 16, 64, True), (1, 64, 64, True), (3, 64, 64, True), (2, 128, 64, True),  # q . key block
+    (1, 64, 9, False), (3, 64, 17, False), (3, 64, 65, False), (2, 64, 129, False),   # p . [value | 1] block
+    (1, 64, 192, False), (1, 576, 1728, False), (1, 1536, 576, False), (1, 576, 1000, True),  # linears, tied head
 ])
-def test_blas_gemv_does_not_depend_on_alignment(n_in, n_out, transposed):
-    """(1, n_in) @ (n_in, n_out) gives the same bits wherever its three operands start."""
-    rng = np.random.default_rng(n_in * n_out)
-    x = rng.standard_normal((1, n_in)).astype(np.float32)
+def test_blas_products_do_not_depend_on_alignment(rows, n_in, n_out, transposed):
+    """(rows, n_in) @ (n_in, n_out), the fixed shapes of the exact path, gives the same bits
+    wherever its three operands start."""
+    rng = np.random.default_rng(n_in * n_out + rows)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
     stored = rng.standard_normal((n_out, n_in) if transposed else (n_in, n_out)).astype(np.float32)
     expected = x @ (stored.T if transposed else stored)
     for x_offset, w_offset, y_offset in ((1, 0, 0), (0, 1, 0), (0, 0, 1), (4, 8, 12), (3, 5, 7), (8, 4, 0)):
         w = offset_copy(stored, w_offset)
-        y = offset_copy(np.zeros((1, n_out), np.float32), y_offset)
+        y = offset_copy(np.zeros((rows, n_out), np.float32), y_offset)
         np.matmul(offset_copy(x, x_offset), w.T if transposed else w, out=y)
         assert np.array_equal(y, expected), (x_offset, w_offset, y_offset)
 
@@ -124,6 +125,20 @@ def test_elementwise_functions_are_position_independent(name):
         assert np.array_equal(whole[:len(other)], other), label
 
 
+def test_the_rope_product_is_position_independent():
+    """RoPE's complex64 product gives each pair the same bits alone, in SIMD body or tail, strided or in rows."""
+    rng = np.random.default_rng(12)
+    a, b = ((rng.standard_normal(1031) + 1j * rng.standard_normal(1031)).astype(np.complex64) for _ in range(2))
+    whole = a * b
+    spaced_a, spaced_b = np.zeros(2 * 1031, np.complex64), np.zeros(2 * 1031, np.complex64)
+    spaced_a[1::2], spaced_b[1::2] = a, b
+    for label, other in (("alone", np.array([(a[i:i + 1] * b[i:i + 1])[0] for i in range(1031)])),
+                         ("pieces of 13", np.concatenate([a[s:s + 13] * b[s:s + 13] for s in range(0, 1031, 13)])),
+                         ("strided", spaced_a[1::2] * spaced_b[1::2]),
+                         ("2-D rows", (a[:1024].reshape(16, 64) * b[:1024].reshape(16, 64)).ravel())):
+        assert np.array_equal(whole[:len(other)], other), label
+
+
 @pytest.mark.parametrize("length", [8, 16, 64, 128, 576, 2048])
 def test_row_sums_do_not_depend_on_how_many_rows(length):
     """A sum over a contiguous last axis runs in one order for one length, whatever else is summed."""
@@ -133,3 +148,20 @@ def test_row_sums_do_not_depend_on_how_many_rows(length):
     assert np.array_equal(together, np.array([x[t].sum() for t in range(37)]))
     assert np.array_equal(x.reshape(37, 1, 1, length).sum(axis=-1).ravel(), together)
     assert np.array_equal(np.cumsum(x, axis=0)[-1], np.cumsum(x[:, ::-1], axis=0)[-1][::-1])
+
+
+@pytest.mark.parametrize("blocks, inner", [(2, (3, 65)), (9, (1, 17)), (69, (3, 65)), (300, (1, 9))])
+def test_the_block_sum_adds_in_index_order_and_ignores_zero_blocks(blocks, inner):
+    """attention's sequential_sum: ((b0 + b1) + b2) + ..., whatever the shape around it, so
+    leading and trailing all-zero blocks (keys outside a query's range) change no bit."""
+    rng = np.random.default_rng(blocks)
+    x = (rng.standard_normal((2, 3, blocks) + inner) * 10.0 ** rng.integers(-3, 4, blocks)[:, None, None]
+         ).astype(np.float32)
+    expected = x[:, :, 0].copy()
+    for b in range(1, blocks):
+        expected = expected + x[:, :, b]
+    assert np.array_equal(sequential_sum(x, axis=2), expected)
+    padded = np.concatenate([np.zeros((2, 3, 5) + inner, np.float32), x, np.zeros((2, 3, 7) + inner, np.float32)],
+                            axis=2)
+    assert np.array_equal(sequential_sum(padded, axis=2), expected)
+    assert np.array_equal(sequential_sum(np.asfortranarray(padded), axis=2), expected)

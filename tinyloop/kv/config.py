@@ -5,7 +5,7 @@ clearer variable:
     TINYLOOP_KV_INT8=1                                -> int8
     TINYLOOP_KV_INT4=1                                -> int4
     TINYLOOP_KV_INT4=1 TINYLOOP_KV_H_MODE=1           -> int4-h
-    TINYLOOP_KV_BUDGET_MB=N                           refuse requests needing more cache
+    TINYLOOP_KV_BUDGET_MB=N                           the KV pool size (requests needing more: 400)
 
 Settings that disagree are an error naming them (the server refuses to start).
 """
