@@ -7,8 +7,12 @@
 Each checkout measured (this one, and --baseline's) runs in a worker process of its
 own that imports tinyloop from that checkout; the workers, and llama.cpp's when
 --llama-cpp is given (needs `llama_cpp` importable), take turns within every round,
-so drift on a noisy machine hits all of them alike. Each figure is the median of
---rounds rounds, with min and max.
+so drift on a noisy machine hits all of them alike, with a pause before each
+measurement (--settle) while the previous worker's BLAS threads stop spinning. Each
+figure is the median of --rounds rounds, with min and max.
+
+Caches come from the KV pool where the checkout has one (the server's engine carves
+every request's cache from it), else fresh arrays per request, as each serves.
 
 Rows:
 - prefill tok/s: the GEMM path over a --prompt-tokens prompt;
@@ -16,7 +20,9 @@ Rows:
   verifying use), after a --context token prompt;
 - for the default model (SmolLM2-135M-Instruct, if pulled): "matrix products alone",
   one row through every linear weight and the head per step, timed in the same
-  rounds; decode / that is the share of decode time the matrix products take;
+  rounds; decode / that is the share of decode time the matrix products take, also
+  measured with decode steps and matrix-product passes alternating one by one (the
+  row "decode / matmuls, step by step" is that ratio, not a speed);
 - with --long-context N: prefill of an N-token prompt, then decode at that context.
 
 Random-weight presets are written once to --cache-dir (seed 0).
@@ -36,53 +42,84 @@ HERE = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------------- worker side
+MIN_SECONDS = 0.25           # a measurement repeats until its timed part adds up to this
+
+
+def repeated(once) -> dict:
+    """Run once() -> (tokens, seconds) until MIN_SECONDS of timed work: tokens per second
+    over all of it (a 2 ms prefill timed once says more about the scheduler than the code)."""
+    tokens = seconds = 0.0
+    while seconds < MIN_SECONDS:
+        done, spent = once()
+        tokens, seconds = tokens + done, seconds + spent
+    return {"tok_s": tokens / seconds}
+
+
 def _import_tinyloop(root: str):
     sys.path.insert(0, root)
     try:                                                   # this layout
+        from tinyloop.kv.pool import KVPool, default_pool_bytes
         from tinyloop.model.loader import load_model
         from tinyloop.model.testmodels import make_test_model
+        pool = (KVPool, default_pool_bytes)
     except ImportError:                                    # the flat layout of earlier checkouts
         from tinyloop.loader import load_model
         from tinyloop.testmodels import make_test_model
-    return load_model, make_test_model
+        pool = None
+    return load_model, make_test_model, pool
 
 
 class TinyLoopWorker:
     def __init__(self, root: str):
         import numpy as np
         self.np = np
-        self.load_model, self.make_test_model = _import_tinyloop(root)
-        self.models = {}
+        self.load_model, self.make_test_model, self.pool_type = _import_tinyloop(root)
+        self.models, self.pools = {}, {}
 
     def load(self, key: str, path: str, preset: str | None):
         np = self.np
         if preset and not Path(path).exists():
             self.make_test_model(path, preset, seed=0, dtype=np.float16 if preset == "doc-407m" else np.float32)
-        self.models[key] = self.load_model(path).model
+        model = self.models[key] = self.load_model(path).model
+        if self.pool_type:                     # caches come from the KV pool, as the server's engine takes them
+            pool_class, size = self.pool_type
+            self.pools[key] = pool_class(model.backend, size(model))
         return {"ok": True}
+
+    def _cache(self, key, capacity, loops):
+        model = self.models[key]
+        if key in self.pools:
+            return model.new_cache(capacity, loops, alloc=self.pools[key].allocator())
+        return model.new_cache(capacity, loops)              # checkouts before the pool: fresh arrays
 
     def _prompt(self, model, n):
         return (self.np.arange(n) * 7919 + 100) % model.config.vocab_size
 
     def prefill(self, key, loops, tokens):
         np, model = self.np, self.models[key]
-        cache = model.new_cache(tokens + 1, loops)
-        start = time.perf_counter()
-        model.forward(self._prompt(model, tokens), np.arange(tokens), cache, loops, exact=False, last_only=True)
-        return {"tok_s": tokens / (time.perf_counter() - start)}
+
+        def once():
+            cache = self._cache(key, tokens + 1, loops)
+            start = time.perf_counter()
+            model.forward(self._prompt(model, tokens), np.arange(tokens), cache, loops, exact=False, last_only=True)
+            return tokens, time.perf_counter() - start
+        return repeated(once)
 
     def decode(self, key, loops, context, steps):
         np, model = self.np, self.models[key]
-        cache = model.new_cache(context + steps, loops)
-        model.forward(self._prompt(model, context), np.arange(context), cache, loops, exact=False, last_only=True)
-        start = time.perf_counter()
-        for step in range(steps):
-            model.forward([5], [context + step], cache, loops)
-        return {"tok_s": steps / (time.perf_counter() - start)}
 
-    def matmuls(self, key, steps):
-        """One row through every linear weight of the model and the head, per step."""
-        np, model = self.np, self.models[key]
+        def once():
+            cache = self._cache(key, context + steps, loops)
+            model.forward(self._prompt(model, context), np.arange(context), cache, loops, exact=False,
+                          last_only=True)
+            start = time.perf_counter()
+            for step in range(steps):
+                model.forward([5], [context + step], cache, loops)
+            return steps, time.perf_counter() - start
+        return repeated(once)
+
+    def _matmul_operands(self, model):
+        """(row, weight) for every linear weight of the model and the head."""
         weights = []
         for stage in ("prelude", "core", "coda"):
             for layer in model.weights.layers[stage]:
@@ -90,12 +127,37 @@ class TinyLoopWorker:
                             for name in ("qkv", "out", "up", "down")]
         head = model.weights.head
         weights.append(getattr(head, "weight", head))
-        rows = [np.ones((1, 1, w.shape[0]), np.float32) for w in weights]
-        start = time.perf_counter()
-        for _ in range(steps):
-            for row, weight in zip(rows, weights):
+        return [(self.np.ones((1, 1, w.shape[0]), self.np.float32), w) for w in weights]
+
+    def matmuls(self, key, steps):
+        """One row through every linear weight of the model and the head, per step."""
+        operands = self._matmul_operands(self.models[key])
+
+        def once():
+            start = time.perf_counter()
+            for _ in range(steps):
+                for row, weight in operands:
+                    row @ weight
+            return steps, time.perf_counter() - start
+        return repeated(once)
+
+
+    def interleaved(self, key, context, steps):
+        """Decode steps and matrix-product passes alternating one by one, timed apart: the
+        share of a decode step the matrix products take, with both on the same machine state."""
+        np, model = self.np, self.models[key]
+        rows_weights = self._matmul_operands(model)
+        cache = self._cache(key, context + steps, 1)
+        model.forward(self._prompt(model, context), np.arange(context), cache, 1, exact=False, last_only=True)
+        decode = matmuls = 0.0
+        for step in range(steps):
+            start = time.perf_counter()
+            model.forward([5], [context + step], cache, 1)
+            middle = time.perf_counter()
+            for row, weight in rows_weights:
                 row @ weight
-        return {"tok_s": steps / (time.perf_counter() - start)}
+            decode, matmuls = decode + middle - start, matmuls + time.perf_counter() - middle
+        return {"tok_s": matmuls / decode}
 
 
 class LlamaWorker:
@@ -112,19 +174,25 @@ class LlamaWorker:
 
     def prefill(self, key, loops, tokens):
         llama = self._model(tokens + 64)
-        llama.reset()
-        start = time.perf_counter()
-        llama.eval([int(t) for t in (self._ids(tokens))])
-        return {"tok_s": tokens / (time.perf_counter() - start)}
+
+        def once():
+            llama.reset()
+            start = time.perf_counter()
+            llama.eval(self._ids(tokens))
+            return tokens, time.perf_counter() - start
+        return repeated(once)
 
     def decode(self, key, loops, context, steps):
         llama = self._model(context + steps + 64)
-        llama.reset()
-        llama.eval(self._ids(context))
-        start = time.perf_counter()
-        for _ in range(steps):
-            llama.eval([5])
-        return {"tok_s": steps / (time.perf_counter() - start)}
+
+        def once():
+            llama.reset()
+            llama.eval(self._ids(context))
+            start = time.perf_counter()
+            for _ in range(steps):
+                llama.eval([5])
+            return steps, time.perf_counter() - start
+        return repeated(once)
 
     @staticmethod
     def _ids(n):
@@ -189,6 +257,9 @@ def main():
     parser.add_argument("--llama-cpp", default=None, metavar="GGUF",
                         help="llama.cpp on this GGUF (the default model's) side by side, via llama_cpp")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp threads")
+    parser.add_argument("--settle", type=float, default=0.3,
+                        help="seconds of quiet before each measurement, so the previous worker's BLAS threads "
+                             "stop spinning (default 0.3)")
     parser.add_argument("--cache-dir", default=os.environ.get("TMPDIR", "/tmp"))
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,6 +297,8 @@ def main():
                           dict(op="decode", key=key, loops=loops, context=args.context, steps=steps), with_llama))
         if preset == "default":
             items.append(("default: matrix products alone", key, dict(op="matmuls", key=key, steps=steps), False))
+            items.append(("default: decode / matmuls, step by step", key,
+                          dict(op="interleaved", key=key, context=args.context, steps=4 * steps), False))
             if args.long_context:
                 n = args.long_context
                 items.append((f"default: prefill {n}", key, dict(op="prefill", key=key, loops=1, tokens=n), True))
@@ -236,6 +309,7 @@ def main():
     for _ in range(args.rounds):
         for label, key, command, with_llama in items:
             for worker in workers + ([llama] if llama and with_llama else []):
+                time.sleep(args.settle)
                 results.setdefault((label, worker.name), []).append(worker.ask(**command)["tok_s"])
 
     print(f"numpy {np.__version__}, {os.cpu_count()} CPUs; median of {args.rounds} rounds (min-max), tok/s")
@@ -269,7 +343,12 @@ def main():
                 ratios = [d / m for d, m in zip(results[(decode, name)], results[(label, name)])]
                 median, low, high = summary(ratios)
                 print(f"{name}: default-model decode / matrix products alone = {median:.3f} "
-                      f"(per round {low:.3f}-{high:.3f})")
+                      f"(rows above, per round {low:.3f}-{high:.3f})")
+        if command["op"] == "interleaved":
+            for name in [w.name for w in workers]:
+                median, low, high = summary(results[(label, name)])
+                print(f"{name}: the same, decode steps and matrix-product passes alternating one by one = "
+                      f"{median:.3f} ({low:.3f}-{high:.3f})")
     for worker in workers + ([llama] if llama else []):
         worker.close()
 

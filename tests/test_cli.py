@@ -33,3 +33,18 @@ def test_help_on_every_command(command):
     run = subprocess.run([sys.executable, "-m", "tinyloop", *command, "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "usage: tinyloop" in run.stdout
+
+
+def test_generate_stops_at_a_stop_string(tmp_path, capsys):
+    path = tmp_path / "cli.tinyloop"
+    main(["new-model", str(path)])
+    capsys.readouterr()
+    assert main(["generate", str(path), "The looped", "--max-tokens", "40", "--loops", "3"]) == 0
+    full = capsys.readouterr().out.rstrip("\n")
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    assert len(full) > 10 and stop
+    assert main(["generate", str(path), "The looped", "--max-tokens", "40", "--loops", "3", "--stop", stop,
+                 "--stop", "never-in-the-output"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == full[:full.index(stop)]
+    assert captured.err.startswith("[stop]")

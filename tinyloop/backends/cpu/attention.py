@@ -76,7 +76,7 @@ def attention_exact(q: np.ndarray, shared_keys, shared_values, tail_keys, tail_v
     # (n_kv, T, group, hd + 1); a sum of one block is that block
     totals = per_block[:, :, 0] if per_block.shape[2] == 1 else sequential_sum(per_block, axis=2)
     out = totals[..., :head_dim] / totals[..., head_dim:]               # (n_kv, T, group, hd)
-    return np.ascontiguousarray(out.transpose(1, 0, 2, 3)).reshape(n_queries, n_heads, head_dim)
+    return out.transpose(1, 0, 2, 3).reshape(n_queries, n_heads, head_dim)     # a copy unless T = 1
 
 
 def sequential_sum(x: np.ndarray, axis: int) -> np.ndarray:

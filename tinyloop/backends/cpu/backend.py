@@ -127,7 +127,8 @@ class CpuBackend(Backend):
         out = {}
         for side, arrays in (("keys", storage.keys), ("values", storage.values)):
             for name, array in arrays.items():
-                out[f"{side}.{name}"] = array[:, :, rows]
+                if name != "blocks":
+                    out[f"{side}.{name}"] = array[:, :, rows]
         return out
 
     # -- sampling support ----------------------------------------------------------------------

@@ -40,7 +40,9 @@ class FloatStore:
         data = alloc((n_slots, n_kv, rows, head_dim + self.ones), np.float32)
         if self.ones:
             data[..., head_dim] = 1.0
-        return {"data": data}
+        # the same memory seen as 64-row blocks, for attention (not a separate array)
+        blocks = data.reshape(n_slots, n_kv, rows // ATTENTION_BLOCK, ATTENTION_BLOCK, head_dim + self.ones)
+        return {"data": data, "blocks": blocks}
 
     def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
         """x: (T, n_kv, hd) float32 written at physical rows (a slice or a (T,) array)."""
@@ -52,9 +54,7 @@ class FloatStore:
     def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
         """Physical blocks (a slice or an index array) -> (n_kv, n_blocks, BLOCK, hd [+ 1]) float32,
         a view when `blocks` is a slice."""
-        data = arrays["data"][slot]
-        n_kv, rows, width = data.shape
-        return data.reshape(n_kv, rows // ATTENTION_BLOCK, ATTENTION_BLOCK, width)[:, blocks]
+        return arrays["blocks"][slot][:, blocks]
 
     def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
         """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
@@ -157,7 +157,8 @@ class KVStorage:
 
     @property
     def nbytes(self) -> int:
-        return int(sum(a.nbytes for side in (self.keys, self.values) for a in side.values()))
+        return int(sum(a.nbytes for a in self.arrays()))
 
     def arrays(self):
-        return [a for side in (self.keys, self.values) for a in side.values()]
+        """Every stored array once (a float store's block view is the same memory as its data)."""
+        return [a for side in (self.keys, self.values) for name, a in side.items() if name != "blocks"]
