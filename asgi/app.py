@@ -11,7 +11,6 @@ import functools
 import logging
 import time
 
-
 from .auth import authorized
 from .errors import ApiError, unavailable
 from .http import ClientGone, guarded_send, parse_json_body, read_body, send_json

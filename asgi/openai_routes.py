@@ -4,7 +4,14 @@ from __future__ import annotations
 import time
 import uuid
 
-from .fields import CHAT, COMPLETION, COMPLETIONS_UNSUPPORTED, ELSEWHERE, LMSTUDIO_EXTRAS, OPENAI_UNSUPPORTED
+from .fields import (
+    CHAT,
+    COMPLETION,
+    COMPLETIONS_UNSUPPORTED,
+    ELSEWHERE,
+    LMSTUDIO_EXTRAS,
+    OPENAI_UNSUPPORTED,
+)
 from .generation import Generation, Outcome
 from .http import EventStream, send_json
 from .prepare import prepare_openai, prompt_ids_of

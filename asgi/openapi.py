@@ -5,7 +5,14 @@ from functools import lru_cache
 
 from tinyloop import __version__
 
-from .fields import CHAT, COMPLETION, LMSTUDIO_EXTRAS, NATIVE, NATIVE_SPECULATIVE, NATIVE_TREE
+from .fields import (
+    CHAT,
+    COMPLETION,
+    LMSTUDIO_EXTRAS,
+    NATIVE,
+    NATIVE_SPECULATIVE,
+    NATIVE_TREE,
+)
 
 KIND_SCHEMAS = {
     "string": {"type": "string"},

@@ -9,6 +9,7 @@ from tinyloop.env import env_flag
 from tinyloop.errors import TinyLoopError
 from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 
+
 def _int(name: str, default: int, low: int) -> int:
     value = os.environ.get(name)
     if value is None or value == "":

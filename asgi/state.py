@@ -8,9 +8,9 @@ import threading
 import time
 
 from tinyloop import __version__
-from tinyloop.text.chat import ChatTemplate
 from tinyloop.engine.engine import Engine
 from tinyloop.model.loader import LoadedModel, load_model
+from tinyloop.text.chat import ChatTemplate
 
 from .auth import load_or_create_key
 from .metrics import Metrics

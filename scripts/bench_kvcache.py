@@ -20,12 +20,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tinyloop.backends.cpu import CpuBackend  # noqa: E402
+from tinyloop.convert.pull import ensure_default_model  # noqa: E402
+from tinyloop.kv.cache import KVCache  # noqa: E402
 from tinyloop.model.config import ModelConfig  # noqa: E402
 from tinyloop.model.evaluate import perplexity  # noqa: E402
-from tinyloop.kv.cache import KVCache  # noqa: E402
-from tinyloop.backends.cpu import CpuBackend  # noqa: E402
 from tinyloop.model.loader import load_model  # noqa: E402
-from tinyloop.convert.pull import ensure_default_model  # noqa: E402
 from tinyloop.model.testmodels import PRESETS  # noqa: E402
 
 MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]

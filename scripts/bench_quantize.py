@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tinyloop.convert.pull import ensure_default_model  # noqa: E402
 from tinyloop.model.evaluate import perplexity  # noqa: E402
 from tinyloop.model.loader import load_model  # noqa: E402
-from tinyloop.convert.pull import ensure_default_model  # noqa: E402
 from tinyloop.quantize.pipeline import quantize_file  # noqa: E402
 
 CONFIGS = [(8, 128, "rtn", False), (8, 128, "gptq", False),

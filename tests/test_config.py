@@ -1,7 +1,7 @@
 import pytest
 
-from tinyloop.model.config import ModelConfig
 from tinyloop.errors import ConfigError, RequestError
+from tinyloop.model.config import ModelConfig
 
 BASE = dict(vocab_size=100, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64, max_seq_len=128,
             n_prelude=1, n_core=2, n_coda=1, default_loops=3, min_loops=1, max_loops=6)

@@ -2,6 +2,7 @@
 import numpy as np
 import orjson
 import pytest
+from gguf_writer import random_raw, write_gguf
 
 from tinyloop.convert.from_gguf import convert_gguf
 from tinyloop.convert.gguf import GGUFError
@@ -11,8 +12,6 @@ from tinyloop.model.modelfile import ModelFile
 from tinyloop.model.quant import QuantizedTensor, dequantize
 from tinyloop.model.testmodels import train_tokenizer
 from tinyloop.text.tokenizer import Tokenizer
-
-from gguf_writer import random_raw, write_gguf
 
 DIM, HEADS, KV, FFN, BLOCKS = 64, 4, 2, 128, 2
 TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

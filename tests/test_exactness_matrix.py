@@ -2,9 +2,9 @@
 itself (never inheriting a pinned core type), reports what OpenBLAS really loaded, and
 counts results honestly."""
 import importlib.util
+import platform
 import subprocess
 import sys
-import platform
 from pathlib import Path
 
 import pytest

@@ -2,10 +2,10 @@ import threading
 
 import pytest
 
-from tinyloop.errors import RequestError
 from tinyloop.engine.generate import GenerationRequest, generate
-from tinyloop.model.loader import load_model
 from tinyloop.engine.sampling import SamplingParams
+from tinyloop.errors import RequestError
+from tinyloop.model.loader import load_model
 from tinyloop.model.testmodels import make_test_model
 
 PROMPT = [320, 458, 425, 290, 332]

@@ -2,23 +2,21 @@
 bitwise batch invariance and speculative exactness per mode, settings."""
 import numpy as np
 import pytest
+from test_model import random_config
 
-from tinyloop.errors import RequestError, TinyLoopError
-from tinyloop.engine.generate import GenerationRequest, generate
-from tinyloop.kv.cache import KVCache
 from tinyloop.backends.cpu import CpuBackend
 from tinyloop.backends.cpu.kvstore import FloatStore, IntStore
+from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.errors import RequestError, TinyLoopError
+from tinyloop.kv.cache import KVCache
+from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 from tinyloop.kv.modes import group_size, hadamard
 from tinyloop.kv.pool import KVPool
-from tinyloop.model.plan import build_plan
-from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
-from tinyloop.engine.speculative import SpeculativeParams
-from tinyloop.engine.generate import speculative_generate
+from tinyloop.model.plan import build_plan
 from tinyloop.model.testmodels import random_weights, train_tokenizer
-
-from test_model import random_config
 
 MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from tinyloop.model.config import ModelConfig
-from tinyloop.errors import RequestError
 from tinyloop.engine.generate import GenerationRequest, generate
+from tinyloop.errors import RequestError
+from tinyloop.model.config import ModelConfig
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
 from tinyloop.model.testmodels import random_weights, train_tokenizer

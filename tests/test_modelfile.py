@@ -9,7 +9,12 @@ from tinyloop.errors import ModelFileError
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import ModelFile, write_model_file
 from tinyloop.model.quant import quantize_rtn
-from tinyloop.model.testmodels import make_test_model, preset_config, random_weights, train_tokenizer
+from tinyloop.model.testmodels import (
+    make_test_model,
+    preset_config,
+    random_weights,
+    train_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

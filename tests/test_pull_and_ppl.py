@@ -5,10 +5,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from tinyloop.convert import pull as pull_module
 from tinyloop.cli import main
-from tinyloop.model.evaluate import log_softmax_at, perplexity
+from tinyloop.convert import pull as pull_module
 from tinyloop.convert.pull import PullError, default_model_path, pull
+from tinyloop.model.evaluate import log_softmax_at, perplexity
 from tinyloop.model.testmodels import make_test_model
 
 

@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from tinyloop.model.quant import QuantizedTensor, dequantize, pack_codes, quantize_rtn, unpack_codes
+from tinyloop.model.quant import (
+    QuantizedTensor,
+    dequantize,
+    pack_codes,
+    quantize_rtn,
+    unpack_codes,
+)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])

@@ -3,15 +3,14 @@ import numpy as np
 import pytest
 
 from tinyloop.cli import main
+from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
 from tinyloop.errors import TinyLoopError
-from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import ModelFile
 from tinyloop.model.quant import QuantizedTensor
-from tinyloop.quantize.pipeline import quantize_file
-from tinyloop.engine.speculative import SpeculativeParams
-from tinyloop.engine.generate import speculative_generate
 from tinyloop.model.testmodels import make_test_model
+from tinyloop.quantize.pipeline import quantize_file
 
 CALIBRATION = open("tests/data/jargon-4.4.7-calibration.txt", encoding="utf-8").read()
 

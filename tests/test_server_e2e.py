@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from tinyloop.engine.generate import GenerationRequest, generate
-from tinyloop.model.loader import load_model
 from tinyloop.engine.sampling import SamplingParams
+from tinyloop.model.loader import load_model
 from tinyloop.model.testmodels import make_test_model
 
 KEY = "e2e-test-key"

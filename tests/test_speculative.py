@@ -3,18 +3,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_model import random_config
 
-from tinyloop.errors import RequestError
-from tinyloop.engine.generate import GenerationRequest, generate
-from tinyloop.model.loader import load_model
-from tinyloop.model.modelfile import write_model_file
+from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
 from tinyloop.engine.sampling import SamplingParams
 from tinyloop.engine.sequence import Sequence
 from tinyloop.engine.speculative import SpeculativeParams
-from tinyloop.engine.generate import speculative_generate
+from tinyloop.errors import RequestError
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
 from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
-
-from test_model import random_config
 
 
 @pytest.fixture(scope="module")

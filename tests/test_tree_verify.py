@@ -5,14 +5,13 @@ the model-level form of "tree == sequential": logits are compared, not tokens, s
 last-bit difference cannot hide behind an unchanged argmax."""
 import numpy as np
 import pytest
+from test_model import random_config
 
 from tinyloop.engine.decode import prefill
+from tinyloop.engine.speculative.tree import DraftTree
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
-from tinyloop.engine.speculative.tree import DraftTree
 from tinyloop.model.testmodels import random_weights, train_tokenizer
-
-from test_model import random_config
 
 pytestmark = pytest.mark.exactness
 

@@ -22,8 +22,8 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args) -> int:
     from tinyloop.engine.generate import GenerationRequest, generate
-    from tinyloop.model.loader import load_model
     from tinyloop.engine.sampling import SamplingParams
+    from tinyloop.model.loader import load_model
     if len(args.args) > 2:
         raise TinyLoopError("generate takes [MODEL] PROMPT: quote the prompt")
     model, prompt = (args.args if len(args.args) == 2 else (None, args.args[0]))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 
-from tinyloop.text.chat import ChatTemplate
-from tinyloop.model.config import ModelConfig
-from tinyloop.model.modelfile import write_model_file
-from tinyloop.progress import Progress
 from tinyloop.convert.gguf import GGUFError, GGUFFile
 from tinyloop.convert.gguf_tokenizer import tokenizer_json_from_gguf
 from tinyloop.convert.quant_blocks import SUPPORTED, decode, tensor_nbytes
+from tinyloop.model.config import ModelConfig
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.progress import Progress
+from tinyloop.text.chat import ChatTemplate
 
 # llama GGUF tensor name -> TinyLoop name ({i}: block index)
 LAYER_NAMES = {

@@ -13,7 +13,12 @@ import time
 
 from tinyloop.engine.decode import PlainDecoder
 from tinyloop.engine.output import FINISH_CANCELLED, TextStream, TokenSink
-from tinyloop.engine.request import GenerationRequest, GenerationResult, check_request, stop_ids
+from tinyloop.engine.request import (
+    GenerationRequest,
+    GenerationResult,
+    check_request,
+    stop_ids,
+)
 from tinyloop.engine.sampling import Sampler
 from tinyloop.engine.speculative.decoder import SpeculativeDecoder
 from tinyloop.errors import RequestError

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from tinyloop.backends.base import Backend
 from tinyloop.backends.select import select_backend
 from tinyloop.errors import TinyLoopError
-from tinyloop.kv.modes import KV_MODES
 from tinyloop.kv.config import kv_mode_from_env
-from tinyloop.model.transformer import LoopedTransformer
+from tinyloop.kv.modes import KV_MODES
 from tinyloop.model.modelfile import ModelFile
-from tinyloop.text.tokenizer import Tokenizer
+from tinyloop.model.transformer import LoopedTransformer
 from tinyloop.model.weights import load_weights
+from tinyloop.text.tokenizer import Tokenizer
 
 
 @dataclass

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tinyloop.model.config import ModelConfig
 from tinyloop.errors import ConfigError, ModelFileError
+from tinyloop.model.config import ModelConfig
 from tinyloop.model.quant import QuantizedTensor
 
 FORMAT_NAME = "tinyloop"

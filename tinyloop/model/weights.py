@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.model.config import ModelConfig
 from tinyloop.errors import ModelFileError
+from tinyloop.model.config import ModelConfig
 from tinyloop.model.modelfile import ModelFile
 from tinyloop.model.quant import QuantizedTensor, dequantize
+
 
 def stage_sizes(config: ModelConfig) -> dict[str, int]:
     return {"prelude": config.n_prelude, "core": config.n_core, "coda": config.n_coda}

@@ -17,11 +17,12 @@ import numpy as np
 from tinyloop.errors import TinyLoopError
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
-from tinyloop.model.transformer import Trunk
-from tinyloop.progress import Progress
 from tinyloop.model.quant import QuantizedTensor, check_layout, dequantize, quantize_rtn
+from tinyloop.model.transformer import Trunk
 from tinyloop.model.weights import SUBLAYERS, expected_tensors, linear_parts
+from tinyloop.progress import Progress
 from tinyloop.quantize.gptq import gptq_quantize
+
 
 def split_rows(tensor: QuantizedTensor, sizes: list[int]) -> list[QuantizedTensor]:
     out, start = [], 0

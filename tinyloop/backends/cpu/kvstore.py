@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
+from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.model.quant import pack_codes, unpack_codes
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.engine.decode import prefill
 from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.engine.decode import prefill
 from tinyloop.engine.sampling import next_tokens
 from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled
 from tinyloop.engine.speculative.params import SpeculativeStats

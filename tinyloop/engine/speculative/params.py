@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tinyloop.model.config import ModelConfig
 from tinyloop.errors import RequestError
-
 from tinyloop.limits import MAX_BRANCHES, MAX_DRAFT_AHEAD, MAX_TREE_NODES
+from tinyloop.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
