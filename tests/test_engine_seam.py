@@ -11,6 +11,7 @@ import pytest
 from tinyloop.backends.base import Backend
 from tinyloop.backends.cpu import CpuBackend
 from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.engine.decode import prefill
 from tinyloop.engine.engine import Engine, EngineFailed
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
 from tinyloop.engine.sampling import SamplingParams
@@ -80,13 +81,12 @@ def test_a_forward_plans_once_and_every_layer_uses_that_plan(tiny, monkeypatch):
 
 def test_step_inputs_live_in_the_preallocated_buffers(tiny):
     model = tiny.model
-    cache = model.new_cache(80, 4, window=20)                            # a ring: write rows are an array
-    model.forward(np.arange(70), np.arange(70), cache, 4, exact=False)
-    plan = model.plan(np.array([70, 71]), 70, cache)
-    assert np.shares_memory(plan.positions, model.buffers.positions)
-    assert np.array_equal(plan.positions, [70, 71])
-    if not isinstance(plan.write_rows, slice):
-        assert np.shares_memory(plan.write_rows, model.buffers.write_rows)
+    cache = model.new_cache(300, 4, window=20)                          # a ring of 128 rows
+    assert cache.ring == 128
+    prefill(model, list(np.arange(255) % 512), cache, 4)
+    plan = model.plan(np.array([255, 256]), 255, cache)                 # rows 127 and 0: the ring wraps
+    assert np.array_equal(plan.positions, [255, 256]) and np.shares_memory(plan.positions, model.buffers.positions)
+    assert np.array_equal(plan.write_rows, [127, 0]) and np.shares_memory(plan.write_rows, model.buffers.write_rows)
     model.trunk([9, 10], plan, cache, 1)
     assert list(model.buffers.tokens[:2]) == [9, 10]
 

@@ -25,7 +25,7 @@ from tinyloop.engine.output import FINISH_CANCELLED, FINISH_SHUTDOWN
 from tinyloop.engine.request import GenerationRequest, check_request
 from tinyloop.engine.sequence import Sequence
 from tinyloop.errors import RequestError, TinyLoopError
-from tinyloop.kv.pool import KVPool, default_pool_bytes, describe_cache
+from tinyloop.kv.pool import KVPool, default_pool_bytes
 
 log = logging.getLogger("tinyloop.engine")
 
@@ -100,11 +100,7 @@ class Engine:
     def check(self, request: GenerationRequest) -> None:
         """Everything that can be refused before queueing: the request and its KV cache size."""
         model = self.loaded.model
-        loops = check_request(model, request)
-        capacity, extra = Sequence.cache_shape(model, request)
-        slots = model.config.n_layer_instances(loops) + extra
-        self.pool.check(model.cache_bytes(capacity, loops, extra, request.cache_window),
-                        describe_cache(model, capacity, slots, request.cache_window))
+        Sequence.check_cache(model, request, check_request(model, request), self.pool)
 
     def cancel(self, submission: Submission) -> None:
         """The client left: forget the request if it waits, stop it if it runs."""

@@ -22,7 +22,6 @@ from tinyloop.engine.request import (
 from tinyloop.engine.sampling import Sampler
 from tinyloop.engine.speculative.decoder import SpeculativeDecoder
 from tinyloop.errors import RequestError
-from tinyloop.kv.pool import describe_cache
 
 
 class Sequence:
@@ -39,15 +38,11 @@ class Sequence:
         self.sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
         text = TextStream(tokenizer, request.stop_strings) if tokenizer is not None else None
         self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, self.start, text)
-        decoder = self.decoder_for(request)
-        capacity, extra = decoder.capacity(model, request)
         alloc = None
         if pool is not None:
-            need = model.cache_bytes(capacity, self.loops, extra, request.cache_window)
-            slots = model.config.n_layer_instances(self.loops) + extra
-            pool.check(need, describe_cache(model, capacity, slots, request.cache_window))
+            self.check_cache(model, request, self.loops, pool)
             alloc = pool.allocator()
-        self.decoder = decoder(model, request, self.loops, self.sampler, self.sink, alloc)
+        self.decoder = self.decoder_for(request)(model, request, self.loops, self.sampler, self.sink, alloc)
         self.prefilled = False
         self.prefill_s = 0.0
 
@@ -56,9 +51,10 @@ class Sequence:
         return PlainDecoder if request.mode == "generate" else SpeculativeDecoder
 
     @classmethod
-    def cache_shape(cls, model, request: GenerationRequest) -> tuple[int, int]:
-        """(cache rows, extra slots) the request's cache needs."""
-        return cls.decoder_for(request).capacity(model, request)
+    def check_cache(cls, model, request: GenerationRequest, loops: int, pool) -> None:
+        """RequestError if the request's cache (its decoder's rows and slots) does not fit the pool."""
+        capacity, extra = cls.decoder_for(request).capacity(model, request)
+        pool.check(model, capacity, loops, extra, request.cache_window)
 
     @property
     def finished(self) -> bool:

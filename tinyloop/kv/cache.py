@@ -66,17 +66,13 @@ class KVCache:
         """How many consecutive rows one forward may write without clobbering rows it reads."""
         return self.rows - self.window + 1 if self.ring else self.capacity
 
-    def physical(self, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows)
-        return rows % self.ring if self.ring else rows
-
     def check_rows(self, start: int, count: int) -> None:
         if start < 0 or start + count > self.capacity:
             raise IndexError(f"cache rows [{start}, {start + count}) outside capacity {self.capacity}")
 
     def copy_rows(self, source, target) -> None:
         """Copy virtual rows source[i] -> target[i] in every slot (one gather/scatter)."""
-        self.backend.kv_copy_rows(self.storage, self.physical(source), self.physical(target))
+        self.backend.kv_copy_rows(self.storage, self.geometry.physical(source), self.geometry.physical(target))
 
     def truncate(self, length: int) -> None:
         """Forget positions >= length (speculative rollback)."""
@@ -86,4 +82,4 @@ class KVCache:
 
     def stored(self, start: int, stop: int) -> dict:
         """Raw stored arrays for virtual rows [start, stop) of every slot, on the host (for tests)."""
-        return self.backend.kv_stored(self.storage, self.physical(np.arange(start, stop)))
+        return self.backend.kv_stored(self.storage, self.geometry.physical(np.arange(start, stop)))

@@ -13,7 +13,6 @@ import os
 import numpy as np
 
 from tinyloop.errors import RequestError
-from tinyloop.kv.cache import cache_bytes
 
 ALIGN = 64                                 # bytes: every carved array starts on a cache line
 DEFAULT_CAP = 4 << 30                      # the default pool is at most 4 GiB ...
@@ -44,11 +43,16 @@ class KVPool:
         self.buffer = backend.allocate(self.nbytes + 16 * ALIGN)      # room for alignment padding
         self._offset = 0
 
-    def check(self, need: int, describe: str) -> None:
+    def check(self, model, capacity: int, loops: int, extra_slots: int, window: int) -> None:
+        """RequestError (with the numbers) if a cache of this shape does not fit the pool."""
+        need = model.cache_bytes(capacity, loops, extra_slots, window)
         if need > self.nbytes:
+            slots = model.config.n_layer_instances(loops) + extra_slots
+            extent = f"window {window}" if window else f"{capacity} positions"
             source = "TINYLOOP_KV_BUDGET_MB" if self.from_setting else "the default KV pool; set TINYLOOP_KV_BUDGET_MB"
             raise RequestError(
-                f"this request needs {need / 2**20:.1f} MiB of KV cache ({describe}); the budget is "
+                f"this request needs {need / 2**20:.1f} MiB of KV cache ({slots} layer instances, {extent}, "
+                f"{model.kv_mode}); the budget is "
                 f"{self.nbytes / 2**20:.1f} MiB ({source}). Lower max_tokens or loops, set cache_window, "
                 f"or use a quantized cache mode", "max_tokens")
 
@@ -68,14 +72,3 @@ class KVPool:
             view[...] = 0
             return view
         return alloc
-
-
-def describe_cache(model, capacity: int, slots: int, window: int) -> str:
-    return (f"{slots} layer instances, {'window ' + str(window) if window else str(capacity) + ' positions'}, "
-            f"{model.kv_mode}")
-
-
-def request_cache_bytes(model, capacity: int, loops: int, window: int, extra_slots: int = 0) -> int:
-    c = model.config
-    return cache_bytes(model.backend, c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
-                       capacity, model.kv_mode, window)

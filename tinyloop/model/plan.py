@@ -39,6 +39,11 @@ class Geometry:
     ring: int | None               # ring size in rows, or None: physical row = virtual row
     window: int                    # 0: attend to every earlier position
 
+    def physical(self, rows) -> np.ndarray:
+        """Virtual rows (an int array of any shape) -> where they are stored."""
+        rows = np.asarray(rows)
+        return rows % self.ring if self.ring else rows
+
 
 @dataclass
 class BlockMask:
@@ -53,13 +58,11 @@ class BlockMask:
 @dataclass
 class AttentionPlan:
     """Which 64-key blocks each query reads (exact path)."""
-    first: int                     # the first key block's first virtual row
     n_shared: int                  # blocks every query reads from the same rows
     n_tail: int                    # blocks each query gathers along its own tree path
     shared_blocks: object          # physical blocks of the shared part: a slice, or (n_shared,) int array
     tail_rows: np.ndarray | None   # (T, n_tail * BLOCK) physical rows, or None
-    visible: np.ndarray            # (T, n_shared + n_tail, BLOCK) bool
-    mask: BlockMask                # the part of `visible` attention applies
+    mask: BlockMask                # the keys each query must not see
 
 
 @dataclass
@@ -76,11 +79,9 @@ class ForwardPlan:
     positions: np.ndarray          # (T,) logical positions
     write_rows: object             # physical rows of the T new tokens: a slice, or (T,) int array
     exact: bool
-    window: int
     rotation: object = None        # (T, hd / 2) RoPE rotations on the backend, or None
     attention: AttentionPlan | None = None
     bulk: list | None = None       # [BulkChunk] for exact=False
-    tree: TreeRows | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -110,43 +111,32 @@ class StepBuffers:
         return target
 
 
-def _physical(rows: np.ndarray, geometry: Geometry) -> np.ndarray:
-    return rows % geometry.ring if geometry.ring else rows
-
-
-def _row_range(start: int, stop: int, geometry: Geometry):
-    """Virtual rows [start, stop) -> a slice when stored contiguously, else an int array."""
-    if not geometry.ring or (start // geometry.ring == (stop - 1) // geometry.ring):
-        offset = start - start % geometry.ring if geometry.ring else 0
+def _range(start: int, stop: int, period: int | None):
+    """[start, stop) of a sequence stored modulo `period` (None: not wrapped) -> a slice
+    when it is stored contiguously, else an int array. Serves rows and 64-row blocks."""
+    if not period:
+        return slice(start, stop)
+    if start // period == (stop - 1) // period:
+        offset = start - start % period
         return slice(start - offset, stop - offset)
-    return np.arange(start, stop) % geometry.ring
-
-
-def _block_range(first_block: int, end_block: int, geometry: Geometry):
-    ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry.ring else None
-    if not ring_blocks:
-        return slice(first_block, end_block)
-    if first_block // ring_blocks == (end_block - 1) // ring_blocks:
-        offset = first_block - first_block % ring_blocks
-        return slice(first_block - offset, end_block - offset)
-    return np.arange(first_block, end_block) % ring_blocks
+    return np.arange(start, stop) % period
 
 
 def build_plan(positions, write_row: int, geometry: Geometry, exact: bool = True, tree: TreeRows | None = None,
-               rotation=None, buffers: StepBuffers | None = None) -> ForwardPlan:
+               buffers: StepBuffers | None = None) -> ForwardPlan:
     """positions: (T,) logical; the T tokens take consecutive virtual rows from write_row."""
     positions = np.asarray(positions, np.int64)
     n = positions.shape[0]
     if tree is not None and not exact:
         raise ValueError("draft trees need the exact attention path")
-    write_rows = _row_range(write_row, write_row + n, geometry)
+    write_rows = _range(write_row, write_row + n, geometry.ring)
     if buffers is not None and exact:
         positions = buffers.hold("positions", positions)
         if not isinstance(write_rows, slice):
             write_rows = buffers.hold("write_rows", write_rows)
         if tree is not None:
             tree = TreeRows(tree.base, buffers.hold("path_rows", tree.path_rows))
-    plan = ForwardPlan(positions, write_rows, exact, geometry.window, rotation, tree=tree)
+    plan = ForwardPlan(positions, write_rows, exact)
     if exact:
         plan.attention = _attention_plan(positions, geometry, tree)
     else:
@@ -164,16 +154,17 @@ def _attention_plan(positions: np.ndarray, geometry: Geometry, tree: TreeRows | 
     end_block = int(positions.max()) // ATTENTION_BLOCK + 1
     shared_end = end_block if tree is None else min(max(tree.base // ATTENTION_BLOCK, first_block), end_block)
     n_shared, n_tail = shared_end - first_block, end_block - shared_end
-    first = first_block * ATTENTION_BLOCK
     tail_rows = None
     if n_tail:
-        virtual = _tail_rows(tree, positions, shared_end * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK)
-        tail_rows = _physical(virtual, geometry)
-    key_pos = np.arange(first, end_block * ATTENTION_BLOCK).reshape(n_shared + n_tail, ATTENTION_BLOCK)
+        tail_rows = geometry.physical(
+            _tail_rows(tree, positions, shared_end * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK))
+    key_pos = np.arange(first_block * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK).reshape(
+        n_shared + n_tail, ATTENTION_BLOCK)
     visible = ((key_pos[None] <= positions[:, None, None])
                & (key_pos[None] >= lowest[:, None, None]))                   # (T, n_blocks, BLOCK)
-    return AttentionPlan(first, n_shared, n_tail, _block_range(first_block, shared_end, geometry),
-                         tail_rows, visible, block_mask(visible))
+    ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry.ring else None
+    return AttentionPlan(n_shared, n_tail, _range(first_block, shared_end, ring_blocks), tail_rows,
+                         block_mask(visible))
 
 
 def block_mask(visible: np.ndarray) -> BlockMask:
@@ -214,5 +205,5 @@ def _bulk_chunks(positions: np.ndarray, geometry: Geometry) -> list:
         first, span_end = int(lowest.min()), int(pos.max()) + 1
         key_pos = np.arange(first, span_end)[None, :]
         visible = (key_pos <= pos[:, None]) & (key_pos >= lowest[:, None])   # (t, span)
-        chunks.append(BulkChunk(start, stop, _row_range(first, span_end, geometry), visible))
+        chunks.append(BulkChunk(start, stop, _range(first, span_end, geometry.ring), visible))
     return chunks

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.kv.cache import KVCache
-from tinyloop.kv.pool import request_cache_bytes
+from tinyloop.kv.cache import KVCache, cache_bytes
 from tinyloop.limits import MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
 from tinyloop.model.plan import ForwardPlan, StepBuffers, TreeRows, build_plan
@@ -54,7 +53,9 @@ class LoopedTransformer:
                        capacity, self.kv_mode, window, alloc=alloc)
 
     def cache_bytes(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> int:
-        return request_cache_bytes(self, capacity, loops, window, extra_slots)
+        c = self.config
+        return cache_bytes(self.backend, c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
+                           capacity, self.kv_mode, window)
 
     def worst_case_cache_bytes(self) -> int:
         """The largest cache a request can need: full context at max loops, speculative slots included."""
