@@ -3,6 +3,8 @@ import pytest
 from tinyloop.model.loader import load_model
 from tinyloop.model.testmodels import make_test_model
 
+pytest_plugins = ["kernel_device"]  # the kernel_device fixture (CPU harness or GPU)
+
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):

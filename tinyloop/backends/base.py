@@ -25,6 +25,7 @@ import numpy as np
 
 class Backend(abc.ABC):
     name: str                     # "cpu" or "cuda"
+    description: str              # which device and why it was chosen (the startup log)
     xp: object                    # the array module (numpy, cupy), for allocation only
 
     # -- memory ------------------------------------------------------------------------------
@@ -118,6 +119,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kv_stored(self, storage, rows) -> dict:
         """Raw stored arrays of physical rows in every slot, on the host (for tests)."""
+
+    def decode_runner(self, model, cache, loops):
+        """A callable (token, position) -> logits (1, V) that runs one decode step faster
+        than model.forward (a captured CUDA graph), or None: the model then runs forward."""
+        return None
 
     # -- sampling support ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,4 +1,8 @@
-"""Backend choice (`TINYLOOP_DEVICE=auto|cpu|cuda`)."""
+"""Backend choice (`TINYLOOP_DEVICE=auto|cpu|cuda`).
+
+auto: the CUDA backend when CuPy is installed and sees a GPU, else the CPU. The chosen
+backend's `description` says which and why; the server logs it at startup.
+"""
 from __future__ import annotations
 
 import os
@@ -13,9 +17,17 @@ def select_backend(device: str | None = None) -> Backend:
     device = (device or os.environ.get("TINYLOOP_DEVICE") or "auto").lower()
     if device not in DEVICES:
         raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cuda":
-        # The CUDA kernels are not part of this release: say so instead of half-working.
-        raise TinyLoopError("the CUDA backend is not available in this build of TinyLoop; "
-                            "use TINYLOOP_DEVICE=cpu")
     from tinyloop.backends.cpu import CpuBackend
-    return CpuBackend()          # "auto" is the CPU until the CUDA backend exists
+    if device == "cpu":
+        return CpuBackend(description="cpu (TINYLOOP_DEVICE=cpu)")
+    from tinyloop.backends.cuda.device import cuda_unavailable
+    reason = cuda_unavailable()
+    if reason is None:
+        from tinyloop.backends.cuda.backend import CudaBackend
+        from tinyloop.backends.cuda.device import CupyDevice
+        backend = CudaBackend(CupyDevice())
+        backend.description = f"cuda ({'TINYLOOP_DEVICE=cuda' if device == 'cuda' else 'auto'}: {backend.device.describe()})"
+        return backend
+    if device == "cuda":
+        raise TinyLoopError(f"TINYLOOP_DEVICE=cuda, but {reason}")
+    return CpuBackend(description=f"cpu (auto: {reason})")

@@ -46,6 +46,6 @@ class PlainDecoder:
 
     def step(self) -> None:
         position = self.cache.length
-        logits = self.model.forward([self.sink.tokens[-1]], [position], self.cache, self.loops)
+        logits = self.model.decode(self.sink.tokens[-1], position, self.cache, self.loops)
         self.cache.length = position + 1
         self.sink.push(next_tokens(self.sampler, self.model.backend, logits)[0])

@@ -36,10 +36,12 @@ class LoadedModel:
         return self.with_bos(self.tokenizer.encode(text))
 
 
-def load_model(path, device: str | None = None, kv_mode: str | None = None) -> LoadedModel:
-    """kv_mode None: from TINYLOOP_KV_* (default fp16)."""
+def load_model(path, device=None, kv_mode: str | None = None) -> LoadedModel:
+    """device: "auto" / "cpu" / "cuda" (None: $TINYLOOP_DEVICE), or a Backend instance
+    (tests run the CUDA backend on the CPU harness so). kv_mode None: from TINYLOOP_KV_*
+    (default fp16)."""
     start = time.perf_counter()
-    backend = select_backend(device)
+    backend = device if isinstance(device, Backend) else select_backend(device)
     mode = kv_mode or kv_mode_from_env()
     if mode not in KV_MODES:
         raise TinyLoopError(f"KV cache mode must be one of {', '.join(KV_MODES)}, got {mode!r}")

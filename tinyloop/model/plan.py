@@ -60,6 +60,7 @@ class AttentionPlan:
     """Which 64-key blocks each query reads (exact path)."""
     n_shared: int                  # blocks every query reads from the same rows
     n_tail: int                    # blocks each query gathers along its own tree path
+    shared_end: int                # logical block where the per-query path blocks start
     shared_blocks: object          # physical blocks of the shared part: a slice, or (n_shared,) int array
     tail_rows: np.ndarray | None   # (T, n_tail * BLOCK) physical rows, or None
     mask: BlockMask                # the keys each query must not see
@@ -79,6 +80,7 @@ class ForwardPlan:
     positions: np.ndarray          # (T,) logical positions
     write_rows: object             # physical rows of the T new tokens: a slice, or (T,) int array
     exact: bool
+    geometry: Geometry | None = None   # the cache's rows, ring and window
     rotation: object = None        # (T, hd / 2) RoPE rotations on the backend, or None
     attention: AttentionPlan | None = None
     bulk: list | None = None       # [BulkChunk] for exact=False
@@ -136,7 +138,7 @@ def build_plan(positions, write_row: int, geometry: Geometry, exact: bool = True
             write_rows = buffers.hold("write_rows", write_rows)
         if tree is not None:
             tree = TreeRows(tree.base, buffers.hold("path_rows", tree.path_rows))
-    plan = ForwardPlan(positions, write_rows, exact)
+    plan = ForwardPlan(positions, write_rows, exact, geometry)
     if exact:
         plan.attention = _attention_plan(positions, geometry, tree)
     else:
@@ -163,7 +165,7 @@ def _attention_plan(positions: np.ndarray, geometry: Geometry, tree: TreeRows | 
     visible = ((key_pos[None] <= positions[:, None, None])
                & (key_pos[None] >= lowest[:, None, None]))                   # (T, n_blocks, BLOCK)
     ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry.ring else None
-    return AttentionPlan(n_shared, n_tail, _range(first_block, shared_end, ring_blocks), tail_rows,
+    return AttentionPlan(n_shared, n_tail, shared_end, _range(first_block, shared_end, ring_blocks), tail_rows,
                          block_mask(visible))
 
 

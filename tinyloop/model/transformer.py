@@ -166,6 +166,14 @@ class LoopedTransformer:
             h = h[-1:]
         return self.head(h, exact)
 
+    def decode(self, token: int, position: int, cache: KVCache, loops: int):
+        """One token at `position`: forward([token], [position]), through the backend's
+        decode runner where it has one (a CUDA graph replayed per token). -> logits (1, V)."""
+        runner = self.backend.decode_runner(self, cache, loops)
+        if runner is None:
+            return self.forward([token], [position], cache, loops)
+        return runner(token, position)
+
     def _norm(self, h, norm_weights):
         weight, bias = norm_weights
         if self.config.norm == "rmsnorm":

@@ -39,6 +39,9 @@ class CpuBackend(Backend):
     name = "cpu"
     xp = np
 
+    def __init__(self, description: str = "cpu"):
+        self.description = description
+
     # -- memory ------------------------------------------------------------------------------
     def asarray(self, host, dtype=None):
         return np.asarray(host, dtype=dtype)

@@ -1,0 +1,259 @@
+// Exact (row-invariant) attention over the stored KV cache: decode, verify and draft trees.
+//
+// attention_<mode>: query t (logical position pos[t]) attends to the keys it sees, as
+// cuda/README.md "Attention geometry" says, reading the stored cache directly: a 64-key
+// block is dequantized into a shared tile (keys, then values), never into a float copy of
+// the cache. The twin is tinyloop/backends/cpu/twins/attention.py.
+//
+// Geometry (launch/attention.py): grid (T, n_kv), block ATT_THREADS (a multiple of 32),
+// dynamic shared (2 G hd + 64 (hd | 1) + 68 G) floats, G = n_heads / n_kv. One block
+// serves one (query, kv head) and the G query heads sharing it; it loops over the query's
+// own logical blocks lowest // 64 .. pos // 64, so its result depends on nothing but its
+// position and the stored rows it sees (row-invariant by construction).
+//
+// Arithmetic, per query head (the twin spells out the same):
+//   q' = (int4-h: fwht(q) * norm) * scale
+//   per block, in increasing order:
+//     s_j  = dot(q', k_j): four running sums c_r over d = r, r+4, ... from +0, then
+//            (c0 + c1) + (c2 + c3); a masked key gets s_j = -inf
+//     bm   = max_j s_j; a block with bm = -inf leaves (m, acc) unchanged
+//     m'   = max(m, bm) (m starts at -inf); corr = exp(m - m'); p_j = exp(s_j - m')
+//     acc[d] = acc[d] * corr + tree_j(p_j * v_j[d]) for d < hd, and with v = 1 for the
+//            probability sum l = acc[hd]; a masked key's term is exactly +0
+//     tree_j: adjacent pairwise sum over the 64 keys, ((t0 + t1) + (t2 + t3)) + ...
+//   out = acc[d] / l, then (int4-h) fwht(out) * norm
+#include "common.cuh"
+
+#define ATT_NEG_INF (-tl_inf())
+
+// One stored side: float modes use data; int modes codes (data), scale and min.
+struct KVSide {
+    const void* data;
+    const __half* scale;
+    const __half* min;
+};
+
+enum { ATT_FP32, ATT_FP16, ATT_INT8, ATT_INT4 };
+
+// Element d of stored row `row` (index into the (n_slots, n_kv, rows) planes), dequantized.
+template <int MODE>
+__device__ __forceinline__ float att_load(const KVSide& s, long long row, int d, int hd) {
+    if (MODE == ATT_FP32) return ((const float*)s.data)[row * hd + d];
+    if (MODE == ATT_FP16) return __half2float(((const __half*)s.data)[row * hd + d]);
+    const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
+    int code;
+    if (MODE == ATT_INT8) {
+        code = ((const unsigned char*)s.data)[row * hd + d];
+    } else {
+        int byte = ((const unsigned char*)s.data)[row * (hd / 2) + d / 2];
+        code = (byte >> ((d & 1) * 4)) & 15;
+    }
+    long long gi = row * groups + d / gsize;
+    return tl_add(tl_mul((float)code, __half2float(s.scale[gi])), __half2float(s.min[gi]));
+}
+
+// float32(1 / sqrt(hd)) for hd a power of two (see kv.cu: exact, like kv/modes.py's hadamard()).
+__device__ __forceinline__ float att_hadamard_norm(int hd) {
+    int k = 0;
+    while ((2 << k) <= hd) ++k;            // k = log2(hd)
+    float norm = (k & 1) ? 0.70710678118654752f : 1.0f;
+    return tl_mul(norm, __int_as_float((127 - (k >> 1)) << 23));
+}
+
+// In-place FWHT of n_vec shared vectors of hd floats (stage h: (j, j + h) -> (a + b, a - b)),
+// then * norm. Called by every thread.
+__device__ void att_fwht(float* x, int n_vec, int hd) {
+    const int half = hd / 2;
+    for (int h = 1; h < hd; h <<= 1) {
+        for (int i = threadIdx.x; i < n_vec * half; i += blockDim.x) {
+            int v = i / half, r = i - v * half;
+            float* y = x + v * hd + (r / h) * 2 * h + r % h;
+            float a = y[0], b = y[h];
+            y[0] = tl_add(a, b);
+            y[h] = tl_sub(a, b);
+        }
+        __syncthreads();
+    }
+    float norm = att_hadamard_norm(hd);
+    for (int e = threadIdx.x; e < n_vec * hd; e += blockDim.x) x[e] = tl_mul(x[e], norm);
+    __syncthreads();
+}
+
+// The fixed-order dot product: four interleaved running sums, then (c0 + c1) + (c2 + c3).
+__device__ __forceinline__ float att_dot(const float* q, const float* k, int hd) {
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    int d = 0;
+    for (; d + 4 <= hd; d += 4) {
+        c0 = tl_add(c0, tl_mul(q[d], k[d]));
+        c1 = tl_add(c1, tl_mul(q[d + 1], k[d + 1]));
+        c2 = tl_add(c2, tl_mul(q[d + 2], k[d + 2]));
+        c3 = tl_add(c3, tl_mul(q[d + 3], k[d + 3]));
+    }
+    if (d < hd) c0 = tl_add(c0, tl_mul(q[d], k[d]));
+    if (d + 1 < hd) c1 = tl_add(c1, tl_mul(q[d + 1], k[d + 1]));
+    if (d + 2 < hd) c2 = tl_add(c2, tl_mul(q[d + 2], k[d + 2]));
+    return tl_add(tl_add(c0, c1), tl_add(c2, c3));
+}
+
+// Adjacent pairwise sum of f(base) .. f(base + N - 1): tree(N) = tree(first N/2) + tree(last N/2).
+template <int N> struct AttTree {
+    template <typename F> __device__ static __forceinline__ float sum(const F& f, int base) {
+        return tl_add(AttTree<N / 2>::sum(f, base), AttTree<N / 2>::sum(f, base + N / 2));
+    }
+};
+template <> struct AttTree<1> {
+    template <typename F> __device__ static __forceinline__ float sum(const F& f, int base) { return f(base); }
+};
+
+// Where the query's logical key block b, row j (k = 64 b + j) is stored (README geometry).
+struct AttGeometry {
+    int t, lowest, pos, ring_blocks, shared_end, tail_len, has_tail;
+    const int* tail_rows;
+    __device__ __forceinline__ bool visible(int k) const { return k >= lowest && k <= pos; }
+    __device__ __forceinline__ int physical(int b, int j) const {
+        if (has_tail && b >= shared_end) {
+            int index = (b - shared_end) * TL_BLOCK + j;
+            // a valid plan always has index < tail_len; never read past the row
+            return index < tail_len ? tail_rows[(long long)t * tail_len + index] : 0;
+        }
+        return ring_blocks ? (b % ring_blocks) * TL_BLOCK + j : b * TL_BLOCK + j;
+    }
+};
+
+// Dequantize the visible rows of block b into tile (64, stride): a warp per row, lanes over d.
+template <int MODE>
+__device__ void att_tile(const KVSide& side, float* tile, int stride, long long plane, int n_rows, int hd,
+                         int b, const AttGeometry& geo) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    for (int j = warp; j < TL_BLOCK; j += n_warps) {
+        if (!geo.visible(b * TL_BLOCK + j)) continue;          // masked rows are never read
+        long long row = plane * n_rows + geo.physical(b, j);
+        for (int d = lane; d < hd; d += 32) tile[j * stride + d] = att_load<MODE>(side, row, d, hd);
+    }
+}
+
+template <int MODE, bool ROTATE>
+__device__ void attention_impl(float* att_smem, const float* q, int q_stride, KVSide keys, KVSide values,
+                               int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window,
+                               int ring_blocks, int shared_end, const int* tail_rows, int tail_len,
+                               int has_tail, float scale, float* out) {
+    const int t = blockIdx.x, g = blockIdx.y, G = group, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
+    const int stride = hd | 1;             // odd row stride: a warp reading one column of the tile hits 32 banks
+    float* qs = att_smem;                  // (G, hd) the group's queries, rotated and scaled
+    float* tile = qs + G * hd;             // (64, stride) the block's keys, then its values
+    float* ps = tile + TL_BLOCK * stride;  // (G, 64) scores, then probabilities
+    float* acc = ps + G * TL_BLOCK;        // (G hd + G) value sums per head, then the G probability sums
+    float* ms = acc + G * hd + G;          // (G,) running max
+    float* corr = ms + G;                  // (G,) this block's correction exp(m - m')
+    int* skip = (int*)(corr + G);          // (G,) 1: the block has no visible key for this head
+
+    AttGeometry geo;
+    geo.t = t;
+    geo.pos = positions[t];
+    geo.lowest = (window && geo.pos - window + 1 > 0) ? geo.pos - window + 1 : 0;
+    geo.ring_blocks = ring_blocks;
+    geo.shared_end = shared_end;
+    geo.tail_rows = tail_rows;
+    geo.tail_len = tail_len;
+    geo.has_tail = has_tail;
+    const long long plane = (long long)slot * n_kv + g;
+
+    const float* q_row = q + (long long)t * q_stride + (long long)g * G * hd;
+    for (int e = tid; e < G * hd; e += nt) qs[e] = q_row[e];
+    for (int e = tid; e < G * hd + G; e += nt) acc[e] = 0.0f;
+    for (int h = tid; h < G; h += nt) ms[h] = ATT_NEG_INF;
+    __syncthreads();
+    if (ROTATE) att_fwht(qs, G, hd);
+    for (int e = tid; e < G * hd; e += nt) qs[e] = tl_mul(qs[e], scale);
+    __syncthreads();
+
+    for (int b = geo.lowest / TL_BLOCK; b <= geo.pos / TL_BLOCK; ++b) {
+        const int k0 = b * TL_BLOCK;
+        att_tile<MODE>(keys, tile, stride, plane, n_rows, hd, b, geo);
+        __syncthreads();
+        // scores (G, 64): a thread per (head, key)
+        for (int p = tid; p < G * TL_BLOCK; p += nt) {
+            int h = p / TL_BLOCK, j = p % TL_BLOCK;
+            ps[p] = geo.visible(k0 + j) ? att_dot(qs + h * hd, tile + j * stride, hd) : ATT_NEG_INF;
+        }
+        __syncthreads();
+        // online softmax: a warp per head, each lane two keys (lane, lane + 32)
+        for (int h = warp; h < G; h += n_warps) {
+            float a = ps[h * TL_BLOCK + lane], c = ps[h * TL_BLOCK + lane + 32];
+            float m_old = ms[h];
+            float bm = tl_warp_max(fmaxf(a, c));
+            bool empty = bm == ATT_NEG_INF;
+            __syncwarp();                  // every lane has read ms[h] before lane 0 rewrites it
+            if (!empty) {
+                float m_new = fmaxf(m_old, bm);
+                ps[h * TL_BLOCK + lane] = tl_exp(tl_sub(a, m_new));        // masked: exp(-inf) = 0
+                ps[h * TL_BLOCK + lane + 32] = tl_exp(tl_sub(c, m_new));
+                if (lane == 0) {
+                    ms[h] = m_new;
+                    corr[h] = tl_exp(tl_sub(m_old, m_new));                // first block: exp(-inf) = 0
+                }
+            }
+            if (lane == 0) skip[h] = empty;
+        }
+        // the keys were last read before the previous barrier: the values can replace them now
+        att_tile<MODE>(values, tile, stride, plane, n_rows, hd, b, geo);
+        __syncthreads();
+        // acc = acc * corr + tree_j(p_j v_j): a thread per (head, d), then per head the sum of p
+        for (int o = tid; o < G * hd + G; o += nt) {
+            int h = o < G * hd ? o / hd : o - G * hd;
+            if (skip[h]) continue;
+            const float* p = ps + h * TL_BLOCK;
+            float sum;
+            if (o < G * hd) {
+                const float* v = tile + (o - h * hd);
+                sum = AttTree<TL_BLOCK>::sum([&](int j) {
+                    return geo.visible(k0 + j) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
+            } else {
+                sum = AttTree<TL_BLOCK>::sum([&](int j) { return geo.visible(k0 + j) ? p[j] : 0.0f; }, 0);
+            }
+            acc[o] = tl_add(tl_mul(acc[o], corr[h]), sum);
+        }
+        __syncthreads();
+    }
+
+    for (int e = tid; e < G * hd; e += nt) qs[e] = tl_div(acc[e], acc[G * hd + e / hd]);
+    if (ROTATE) {
+        __syncthreads();
+        att_fwht(qs, G, hd);
+    }
+    float* out_row = out + ((long long)t * n_kv * G + (long long)g * G) * hd;
+    for (int e = tid; e < G * hd; e += nt) out_row[e] = qs[e];
+}
+
+// The dynamic shared array is declared outside the templates: the CPU harness (tests/cudasim)
+// only resolves `extern __shared__` declared outside templates.
+extern __shared__ float att_smem[];
+
+#define ATT_TAIL_ARGS int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
+    int ring_blocks, int shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, float* out
+#define ATT_TAIL_PASS slot, n_kv, n_rows, hd, group, positions, window, ring_blocks, shared_end, \
+    tail_rows, tail_len, has_tail, scale, out
+// Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
+extern "C" __global__ void attention_fp32(const float* q, int q_stride, const float* key_data,
+                                          const float* value_data, ATT_TAIL_ARGS) {
+    attention_impl<ATT_FP32, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
+                                    KVSide{value_data, nullptr, nullptr}, ATT_TAIL_PASS);
+}
+extern "C" __global__ void attention_fp16(const float* q, int q_stride, const __half* key_data,
+                                          const __half* value_data, ATT_TAIL_ARGS) {
+    attention_impl<ATT_FP16, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
+                                    KVSide{value_data, nullptr, nullptr}, ATT_TAIL_PASS);
+}
+#define ATT_INT_ARGS const float* q, int q_stride, const unsigned char* key_codes, const __half* key_scale, \
+    const __half* key_min, const unsigned char* value_codes, const __half* value_scale, const __half* value_min
+#define ATT_INT_SIDES KVSide{key_codes, key_scale, key_min}, KVSide{value_codes, value_scale, value_min}
+extern "C" __global__ void attention_int8(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+    attention_impl<ATT_INT8, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
+}
+extern "C" __global__ void attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+    attention_impl<ATT_INT4, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
+}
+extern "C" __global__ void attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+    attention_impl<ATT_INT4, true>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
+}

@@ -1,0 +1,66 @@
+// Shared device helpers for every TinyLoop kernel.
+//
+// Exact arithmetic: kernels whose NumPy twin must agree bit for bit write their
+// float arithmetic with the round-to-nearest intrinsics below (never a*b+c, which
+// nvcc contracts into an FMA; g++ in the CPU harness runs with -ffp-contract=off),
+// in the order the twin (tinyloop/backends/cpu/twins/) spells out.
+//
+// Only <cuda_fp16.h> is included: NVRTC has no libc headers, and the CPU harness
+// supplies its own cuda_fp16.h. Integer types are the built-in ones.
+#pragma once
+#include <cuda_fp16.h>
+
+#define TL_BLOCK 64          // keys are reduced in fixed blocks of this many logical positions
+#define TL_FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float tl_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float tl_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float tl_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float tl_div(float a, float b) { return __fdiv_rn(a, b); }
+
+__device__ __forceinline__ float tl_inf() { return __int_as_float(0x7f800000); }
+
+// exp(x) from +, *, rint and exact power-of-two scaling only, so the harness, the twin
+// (twins/arith.py: exp_f32) and the GPU agree bit for bit (expf differs per platform in
+// the last ulp). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7
+// Taylor polynomial in Horner form: about 2 ulp over the float range.
+// exp(-inf) = 0, exp(+inf) = inf, exp(nan) = nan; x < -104 gives 0, x > 88.8 gives inf.
+__device__ __forceinline__ float tl_exp(float x) {
+    if (x != x) return x;
+    if (x < -104.0f) return 0.0f;
+    if (x > 88.8f) return tl_inf();
+    const float log2e = 1.44269502f;
+    const float ln2_hi = 0.693359375f;          // few mantissa bits: n * ln2_hi is exact
+    const float ln2_lo = -2.12194440e-4f;
+    float n = rintf(tl_mul(x, log2e));
+    float r = tl_sub(x, tl_mul(n, ln2_hi));
+    r = tl_sub(r, tl_mul(n, ln2_lo));
+    float p = 1.98412698e-4f;                   // 1/5040
+    p = tl_add(tl_mul(p, r), 1.38888889e-3f);   // 1/720
+    p = tl_add(tl_mul(p, r), 8.33333333e-3f);   // 1/120
+    p = tl_add(tl_mul(p, r), 4.16666667e-2f);   // 1/24
+    p = tl_add(tl_mul(p, r), 1.66666667e-1f);   // 1/6
+    p = tl_add(tl_mul(p, r), 0.5f);
+    p = tl_add(tl_mul(p, r), 1.0f);
+    p = tl_add(tl_mul(p, r), 1.0f);
+    // 2^n as two exact factors (n in [-150, 128]): one rounding at most, in the last product
+    int e = (int)n;
+    int e1 = e / 2, e2 = e - e1;
+    float s1 = __int_as_float((e1 + 127) << 23);
+    float s2 = __int_as_float((e2 + 127) << 23);
+    return tl_mul(tl_mul(p, s1), s2);
+}
+
+// Sum over the 32 lanes of a warp in a fixed butterfly (xor 16, 8, 4, 2, 1): every lane
+// gets the same bits (IEEE addition commutes), whatever the order lanes arrive in.
+__device__ __forceinline__ float tl_warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = tl_add(v, __shfl_xor_sync(TL_FULL_MASK, v, offset));
+    return v;
+}
+
+__device__ __forceinline__ float tl_warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(TL_FULL_MASK, v, offset));
+    return v;
+}

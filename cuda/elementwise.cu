@@ -1,0 +1,138 @@
+// Per-row and elementwise kernels: embedding gather, residual add, RMSNorm, LayerNorm,
+// interleaved RoPE, SwiGLU, GELU (tanh). Twin: tinyloop/backends/cpu/twins/elementwise.py.
+// Launch geometry: tinyloop/backends/cuda/launch/elementwise.py.
+//
+// Every float operation is an explicit round-to-nearest intrinsic (common.cuh) in the
+// order the twin spells out, so kernel, harness and twin agree bit for bit. The norms'
+// row reductions depend only on D and the fixed block size, never on T: a row's result
+// is the same alone or in a 65-row call.
+#include "common.cuh"
+
+#define TL_NORM_THREADS 256                   // the norms' block size: part of their sum order
+#define TL_NORM_WARPS (TL_NORM_THREADS / 32)
+
+// table: (V, D), ids: (T,), out: (T, D). One block per row; ids are trusted (< V).
+extern "C" __global__ void embed_rows(const float* table, const int* ids, float* out, int T, int D) {
+    int row = blockIdx.x;
+    const float* src = table + (long long)ids[row] * D;    // V * D may pass 2^31
+    float* dst = out + (long long)row * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dst[i] = src[i];
+}
+
+// out = a + b over n floats (the residual add); out may alias a or b. Grid-stride loop.
+extern "C" __global__ void add_rows(const float* a, const float* b, float* out, int n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = tl_add(a[i], b[i]);
+}
+
+// Sum of one value per thread in a fixed tree: the xor butterfly inside each warp
+// (tl_warp_sum), then the 8 warp totals in a halving tree (4, 2, 1) in warp 0.
+// Every thread gets the total. `slots` is TL_NORM_WARPS shared floats.
+__device__ float norm_block_sum(float v, float* slots) {
+    v = tl_warp_sum(v);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) slots[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < TL_NORM_WARPS ? slots[lane] : 0.0f;
+        for (int offset = TL_NORM_WARPS / 2; offset > 0; offset >>= 1)   // lanes >= 8 never reach lane 0
+            w = tl_add(w, __shfl_xor_sync(TL_FULL_MASK, w, offset));
+        if (lane == 0) slots[TL_NORM_WARPS] = w;
+    }
+    __syncthreads();
+    // No barrier needed before the slots are reused: the next sum writes slots[warp] only
+    // after every thread has passed this call's second barrier (warp 0 read them before
+    // it), and slots[8] only after its own first barrier (every thread read it before).
+    return slots[TL_NORM_WARPS];
+}
+
+// x: (T, D) with row stride x_stride floats, weight: (D,), out: (T, D) contiguous (may be
+// x itself when x_stride == D: each thread reads its elements before writing them).
+// One block of TL_NORM_THREADS per row; thread t sums elements t, t + 256, ... in order.
+// out = (x * inv) * weight with inv = 1 / sqrt(sum(x^2) / D + eps), as norms.py orders it.
+extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
+rms_norm(const float* x, int x_stride, const float* weight, float* out, int T, int D, float eps) {
+    __shared__ float slots[TL_NORM_WARPS + 1];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    float* yr = out + (long long)blockIdx.x * D;
+    float partial = 0.0f;
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) partial = tl_add(partial, tl_mul(xr[i], xr[i]));
+    float mean_square = tl_div(norm_block_sum(partial, slots), (float)D);
+    float inv = tl_div(1.0f, __fsqrt_rn(tl_add(mean_square, eps)));
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) yr[i] = tl_mul(tl_mul(xr[i], inv), weight[i]);
+}
+
+// As rms_norm, with the mean removed first: c = x - sum(x) / D, inv = 1 / sqrt(sum(c^2) / D
+// + eps), out = (c * inv) * weight (+ bias when has_bias; bias is never read otherwise).
+extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
+layer_norm(const float* x, int x_stride, const float* weight, const float* bias, int has_bias,
+           float* out, int T, int D, float eps) {
+    __shared__ float slots[TL_NORM_WARPS + 1];
+    const float* xr = x + (long long)blockIdx.x * x_stride;
+    float* yr = out + (long long)blockIdx.x * D;
+    float partial = 0.0f;
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) partial = tl_add(partial, xr[i]);
+    float mean = tl_div(norm_block_sum(partial, slots), (float)D);
+    partial = 0.0f;
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) {
+        float c = tl_sub(xr[i], mean);
+        partial = tl_add(partial, tl_mul(c, c));
+    }
+    float variance = tl_div(norm_block_sum(partial, slots), (float)D);
+    float inv = tl_div(1.0f, __fsqrt_rn(tl_add(variance, eps)));
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) {
+        float y = tl_mul(tl_mul(tl_sub(xr[i], mean), inv), weight[i]);
+        yr[i] = has_bias ? tl_add(y, bias[i]) : y;
+    }
+}
+
+// x: (T, heads, hd) in place, token row stride x_stride floats, heads hd floats apart
+// (q and k are column ranges of the fused qkv output). rotation: (T, hd/2) pairs
+// (cos, sin), the complex64 table viewed as float32. Pair (a, b) = x[2i], x[2i+1] becomes
+// (a c - b d, a d + b c): two products then one add each, never an FMA.
+// One block per token; threads walk the heads * hd/2 pairs.
+extern "C" __global__ void rope_rows(float* x, int x_stride, const float* rotation, int T, int heads, int hd) {
+    int half = hd >> 1;
+    float* xr = x + (long long)blockIdx.x * x_stride;
+    const float* rot = rotation + (long long)blockIdx.x * hd;
+    for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+        int head = p / half, i = p - head * half;
+        float* pair = xr + head * hd + 2 * i;
+        float a = pair[0], b = pair[1], c = rot[2 * i], d = rot[2 * i + 1];
+        pair[0] = tl_sub(tl_mul(a, c), tl_mul(b, d));
+        pair[1] = tl_add(tl_mul(a, d), tl_mul(b, c));
+    }
+}
+
+// up: (T, 2F) = [gate | up], out: (T, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+// Grid-stride over the T * F outputs.
+extern "C" __global__ void swiglu(const float* up, float* out, int T, int F) {
+    long long n = (long long)T * F;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long row = i / F;
+        int col = (int)(i - row * F);
+        float g = up[row * 2 * F + col];
+        float silu = tl_div(g, tl_add(1.0f, tl_exp(-g)));
+        out[i] = tl_mul(silu, up[row * 2 * F + F + col]);
+    }
+}
+
+// out = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), over n floats (out may
+// alias x). tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|): e is in [0, 1], so
+// nothing overflows; for large |u| e underflows to 0 and tanh is exactly +-1; u = +-inf
+// gives +-1 (as np.tanh), NaN stays NaN.
+extern "C" __global__ void gelu_tanh(const float* x, float* out, int n) {
+    const float sqrt_2_over_pi = 0.7978845608028654f;
+    const float cubic = 0.044715f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = x[i];
+        float u = tl_mul(sqrt_2_over_pi, tl_add(v, tl_mul(tl_mul(tl_mul(cubic, v), v), v)));
+        float e = tl_exp(tl_mul(-2.0f, fabsf(u)));
+        float t = tl_div(tl_sub(1.0f, e), tl_add(1.0f, e));
+        t = u < 0.0f ? -t : t;
+        out[i] = tl_mul(tl_mul(0.5f, v), tl_add(1.0f, t));
+    }
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared command for a machine with an NVIDIA GPU, about 8 minutes at most.
+#
+#   bash scripts/gpu_check.sh [REPORT_DIR]        # default: $OUT if set, else ./gpu_report
+#
+# 1. Installs what is missing from wheels in .whl/ (an ignored folder, filled beforehand by
+#    `bash scripts/gpu_wheels.sh` on a machine that reaches PyPI: the GPU machine may reach no
+#    registry). CuPy itself (cupy-cuda12x or cupy-cuda13x) is used where already installed.
+# 2. Runs on the GPU (TINYLOOP_TEST_DEVICE=cuda): every kernel against its NumPy twin
+#    (tests/test_cuda_*.py), the CUDA backend end to end against the CPU backend and its
+#    exactness (tests/test_cuda_backend.py), then the reduced exactness suite with the CUDA
+#    backend as the default device (TINYLOOP_DEVICE=cuda).
+# 3. A short benchmark (scripts/bench_gpu.py --quick).
+# Writes REPORT_DIR/gpu_check.txt (everything printed) and REPORT_DIR/gpu_check.json
+# (pass/fail counts per stage and the benchmark figures). Exit status: 0 when every stage passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPORT=${1:-${OUT:-gpu_report}}
+mkdir -p "$REPORT"
+LOG="$REPORT/gpu_check.txt"
+: > "$LOG"
+export PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/tinyloop-site .whl/*.whl >>"$LOG" 2>&1 && export PYTHONPATH=/tmp/tinyloop-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
+    local name=$1 limit=$2; shift 2
+    echo "=== $name: $*" | tee -a "$LOG"
+    local start=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    echo "$name $rc $((SECONDS - start))" >> "$REPORT/stages.txt"
+    echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
+}
+: > "$REPORT/stages.txt"
+stage environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"'
+stage kernels 180 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/test_cuda_linear.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
+    tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"
+stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/test_cuda_backend.py --junitxml "$REPORT/backend.xml"
+stage exactness 150 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
+    --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml"
+stage bench 150 python3 scripts/bench_gpu.py --quick --out "$REPORT"
+
+python3 - "$REPORT" <<'PY'
+import json, sys, pathlib, xml.etree.ElementTree as ET
+report = pathlib.Path(sys.argv[1])
+summary = {"stages": {}}
+for line in (report / "stages.txt").read_text().splitlines():
+    name, rc, seconds = line.split()
+    entry = {"exit": int(rc), "seconds": int(seconds)}
+    xml = report / f"{name}.xml"
+    if xml.exists():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        entry.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+    summary["stages"][name] = entry
+bench = report / "bench_gpu.json"
+summary["bench"] = json.loads(bench.read_text()) if bench.exists() else None
+summary["passed"] = all(e["exit"] == 0 for e in summary["stages"].values())
+(report / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+print(json.dumps({k: v for k, v in summary.items() if k != "bench"}, indent=2))
+sys.exit(0 if summary["passed"] else 1)
+PY

@@ -1,0 +1,180 @@
+"""The CUDA backend end to end, on the CPU: CudaBackend on a device of NumPy arrays whose
+kernels are the cuda/*.cu sources compiled and run by the CPU harness (tests/cudasim).
+
+What this shows without a GPU: the backend wires every kernel correctly (its logits
+follow the CPU backend's within float rounding, for every KV cache mode and both layer
+kinds), and the exactness rule holds on it by construction of the kernels: greedy
+speculative and tree decoding equal plain decoding token for token, and a draft tree's
+verify pass equals a sequential decode of each path bit for bit. With
+TINYLOOP_TEST_DEVICE=cuda (scripts/gpu_check.sh) the same tests run on CuPy and a GPU.
+"""
+import os
+
+import numpy as np
+import pytest
+from test_model import random_config
+from test_tree_verify import random_tree, run_nodes
+
+from tinyloop.backends.cuda.backend import CudaBackend
+from tinyloop.backends.cuda.compile import kernel_path
+from tinyloop.engine.decode import prefill
+from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.model.loader import load_model
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
+
+MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
+ON_GPU = os.environ.get("TINYLOOP_TEST_DEVICE") == "cuda"
+
+
+class HarnessDevice:
+    """The CUDA backend's device (backends/cuda/device.py) made of NumPy arrays and the CPU harness."""
+    name = "harness"
+    xp = np
+
+    def __init__(self, order: str = "id"):
+        from cudasim import load_module
+        self._load, self.order, self._modules = load_module, order, {}
+
+    def module(self, name: str):
+        if name not in self._modules:
+            self._modules[name] = self._load(str(kernel_path(name)), order=self.order)
+        return self._modules[name]
+
+    def asarray(self, host, dtype=None):
+        return np.array(host, dtype=dtype)            # a copy, as a transfer to a device is
+
+    def to_host(self, array):
+        return np.array(array)
+
+    def synchronize(self):
+        pass
+
+    def upload_ints(self, buffers, values):
+        for buffer, value in zip(buffers, values):
+            buffer[...] = value
+
+    def capture(self, step):
+        """What a CUDA graph does, as far as NumPy can: the step is recorded with the token
+        and position of its capture, and a replay re-runs it, so any value that does not
+        come from the step's device inputs is stale, as it would be in a replayed graph."""
+        result = step()
+
+        def replay():
+            np.copyto(result, step())
+        return replay, result
+
+
+def cuda_backend(order: str = "id", graphs: bool = False):
+    if ON_GPU:
+        from tinyloop.backends.cuda.device import CupyDevice
+        return CudaBackend(CupyDevice(), graphs)
+    return CudaBackend(HarnessDevice(order), graphs)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cuda_backend")
+    paths = {}
+    for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
+        paths[preset] = folder / f"{preset}.tinyloop"
+        make_test_model(paths[preset], preset, seed=seed)
+    return paths
+
+
+@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
+@pytest.mark.parametrize("mode", MODES)
+def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
+    """Prefill (bulk kernels) and three decode steps (row kernels): logits within float
+    rounding of the CPU backend's, and the same greedy tokens. The two backends round
+    differently (warp-order sums against BLAS), so in a quantized cache a value near a
+    code boundary can land one code apart: the tolerance grows with the code step."""
+    models = [load_model(tiny_files[preset], device, kv_mode=mode).model for device in ("cpu", cuda_backend())]
+    prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200]
+    loops = models[0].config.default_loops
+    results = []
+    for model in models:
+        cache = model.new_cache(len(prompt) + 4, loops)
+        rows = [model.backend.to_host(prefill(model, prompt, cache, loops))[0]]
+        token = int(np.argmax(rows[-1]))
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(model.backend.to_host(model.forward([token], [position], cache, loops))[0])
+            token = int(np.argmax(rows[-1]))
+        results.append(np.stack(rows))
+    cpu, cuda = results
+    tolerance = {"fp32": 1e-4, "fp16": 1e-4, "int8": 1e-3, "int4": 1e-2, "int4-h": 1e-2}[mode]
+    assert np.abs(cuda - cpu).max() <= tolerance * np.abs(cpu).max(), np.abs(cuda - cpu).max()
+    assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
+
+
+
+@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
+def test_greedy_speculation_equals_plain_generation_on_cuda(tiny_files, preset):
+    model = load_model(tiny_files[preset], cuda_backend()).model
+    rng = np.random.default_rng(7)
+    for case in range(4):
+        prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, int(rng.integers(1, 30)))]
+        verify = int(rng.integers(2, model.config.max_loops + 1))
+        params = SpeculativeParams(int(rng.integers(1, verify)), verify, int(rng.integers(1, 6)),
+                                   int(rng.integers(1, 4)))
+        plain = generate(model, GenerationRequest(prompt, 12, loops=verify))
+        for branches in sorted({1, params.branches}):
+            p = SpeculativeParams(params.draft_loops, verify, params.draft_ahead, branches)
+            spec = speculative_generate(model, GenerationRequest(prompt, 12), p)
+            assert np.array_equal(spec.tokens, plain.tokens), (preset, case, p)
+
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_tree_verify_equals_sequential_decode_on_cuda(tmp_path, case):
+    """Every node of a random draft tree: verify logits and stored cache rows equal a
+    sequential decode of its path, bit for bit (each KV mode once; windows and wrapped rings)."""
+    rng = np.random.default_rng(3000 + case)
+    config = random_config(rng, 512)
+    mode, window = MODES[case], int(rng.choice([0, 20, 70]))
+    path = write_model_file(tmp_path / "m.tinyloop", config, random_weights(config, case), train_tokenizer().to_str())
+    model = load_model(path, cuda_backend("reverse" if case % 2 else "id"), kv_mode=mode).model
+    loops = int(rng.integers(1, config.max_loops + 1))
+    n_prompt = int(rng.integers(window + 135, 227)) if window else int(rng.integers(1, 100))
+    prompt = [int(t) for t in rng.integers(0, 512, n_prompt)]
+    tree = random_tree(rng, len(prompt), 512)
+    capacity = len(prompt) + len(tree.nodes) + 1
+    cache = model.new_cache(capacity, loops, window=window)
+    prefill(model, prompt, cache, loops)
+    logits = model.backend.to_host(run_nodes(model, tree, list(range(len(tree.nodes))), cache, loops))
+    for node in range(len(tree.nodes)):
+        reference = model.new_cache(capacity, loops, window=window)
+        prefill(model, prompt, reference, loops)
+        path_nodes = tree.path(node)
+        for depth, on_path in enumerate(path_nodes):
+            expected = model.forward([tree.nodes[on_path].token], [len(prompt) + depth], reference, loops)
+        assert np.array_equal(logits[node], model.backend.to_host(expected)[0]), (mode, window, node)
+        own, sequential = tree.base + node, tree.base + len(path_nodes) - 1
+        ours, theirs = cache.stored(own, own + 1), reference.stored(sequential, sequential + 1)
+        for name in theirs:
+            assert np.array_equal(ours[name], theirs[name]), (mode, window, node, name)
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int4-h"])
+def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, mode):
+    """Graph-captured decode (graphs.py): the first step warms up, the second is captured
+    with its token and position frozen, later steps replay it with new values in the step's
+    device inputs. Every step's logits equal a plain forward's bit for bit, across a ring
+    buffer's wrap, so nothing the kernels read comes from the frozen host values. (On the
+    CPU a replay re-runs the step; only a GPU shows a real graph replay.)"""
+    captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True), kv_mode=mode).model
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False), kv_mode=mode).model
+    loops, prompt = 2, [int(t) for t in np.random.default_rng(5).integers(3, 500, 150)]
+    caches = [m.new_cache(len(prompt) + 120, loops, window=64) for m in (captured, plain)]
+    for model, cache in zip((captured, plain), caches):
+        prefill(model, prompt, cache, loops)
+    token, runner = 11, captured.backend.decode_runner(captured, caches[0], loops)
+    for position in range(len(prompt), len(prompt) + 110):
+        ours = captured.backend.to_host(captured.decode(token, position, caches[0], loops))
+        theirs = plain.backend.to_host(plain.forward([token], [position], caches[1], loops))
+        assert np.array_equal(ours, theirs), position
+        token = int(np.argmax(theirs))
+    assert caches[0].ring is not None and runner.steps == 110 and runner.replay is not None
+    assert captured.backend.decode_runner(captured, caches[0], loops) is runner
+    assert plain.backend.decode_runner(plain, caches[1], loops) is None

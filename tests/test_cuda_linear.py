@@ -1,0 +1,281 @@
+"""cuda/linear.cu against its twin (bit for bit), the CPU backend and float64 (within a
+tolerance), run by the CPU harness (or a GPU) through the `kernel_device` fixture."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tinyloop.backends.cpu.backend import CpuBackend
+from tinyloop.backends.cpu.twins import linear as twin
+from tinyloop.backends.cuda.launch import linear as launch
+from tinyloop.backends.cuda.launch.packing import pack_linear
+from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
+
+KINDS = ("int2", "int4", "int8", "f16", "f32")
+# groups that leave padded columns (100 -> 108 / 102) and a code row that is not whole
+# words (27, 51, 102 bytes), and int4 groups that start inside a word
+ODD_GROUP = {"int2": 12, "int4": 6, "int8": 6, "f16": 0, "f32": 0}
+# f32 scales too: code * scale rounds then (with f16 scales it is exact), so the kernel's
+# order of the dequantizing multiply and add shows
+KIND_SCALES = [(k, np.float16) for k in KINDS] + [(k, np.float32) for k in ("int2", "int4", "int8")]
+
+
+def weight_part(kind: str, rng, n_out: int, n_in: int, group: int = 32, act_order: bool = False,
+                scale_dtype=np.float16):
+    """One (n_out, n_in) weight part of `kind`: a QuantizedTensor, or a float array."""
+    weight = rng.standard_normal((n_out, n_in)).astype(np.float32) / np.sqrt(n_in)
+    if kind == "f16":
+        return weight.astype(np.float16)
+    if kind == "f32":
+        return weight
+    tensor = quantize_rtn(weight, int(kind[3:]), group, scale_dtype)
+    if act_order:
+        tensor.perm = rng.permutation(tensor.padded_in).astype(np.int32)
+    return tensor
+
+
+def inputs(rng, rows: int, n_in: int) -> np.ndarray:
+    return rng.standard_normal((rows, n_in)).astype(np.float32)                 # (T, in)
+
+
+def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0)):
+    """The launcher on the device; x and out may sit inside wider buffers (row strides,
+    column offsets). -> (T, out) host float32."""
+    # device.asarray: on the harness, arrays that end against an inaccessible page
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
+    rows, n_in = x.shape
+    wide_x = np.full((rows, x_pad[0] + n_in + x_pad[1]), np.nan, np.float32)    # NaN: a stray read shows
+    wide_x[:, x_pad[0]:x_pad[0] + n_in] = x
+    x_dev = device.asarray(wide_x)[:, x_pad[0]:x_pad[0] + n_in]
+    out = device.zeros((rows, out_pad[0] + packed.out_features + out_pad[1]), np.float32)
+    launch.linear(device.module("linear"), x_dev, packed,
+                  out[:, out_pad[0]:out_pad[0] + packed.out_features], exact)
+    result = device.to_host(out)
+    assert not result[:, :out_pad[0]].any() and not result[:, out_pad[0] + packed.out_features:].any()
+    return result[:, out_pad[0]:out_pad[0] + packed.out_features]
+
+
+def twin_rows(parts, bias, x):
+    return twin.linear_rows(x, pack_linear(parts, bias, np, keep_f16=True))
+
+
+def assert_bits_equal(actual, expected):
+    assert actual.dtype == expected.dtype == np.float32 and actual.shape == expected.shape
+    diff = actual.view(np.uint32) != expected.view(np.uint32)
+    assert not diff.any(), (f"{diff.sum()} of {diff.size} differ, first at {np.argwhere(diff)[0]}: "
+                            f"{actual[diff][:4]} vs {expected[diff][:4]}")
+
+
+def magnitude(x, parts) -> np.ndarray:
+    """|x| @ |W|.T: the scale of each output's rounding error."""
+    weight = np.concatenate([dequantize(p) if isinstance(p, QuantizedTensor) else np.asarray(p, np.float32)
+                             for p in parts])
+    return np.abs(x).astype(np.float64) @ np.abs(weight).astype(np.float64).T
+
+
+# -- the exact path: kernel == twin, bit for bit -------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 2, 7, 16, 65])
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_rows_kernel_equals_twin(kernel_device, kind, scale_dtype, rows):
+    rng = np.random.default_rng(rows * 10 + KINDS.index(kind))
+    n_in = 100
+    parts = [weight_part(kind, rng, 21, n_in, ODD_GROUP[kind], scale_dtype=scale_dtype)]   # 21: idle warps
+    bias = rng.standard_normal(21).astype(np.float32)
+    x = inputs(rng, rows, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, bias, x), twin_rows(parts, bias, x))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_kernel_several_tiles_and_act_order(kernel_device, kind):
+    """Inputs wider than one shared-memory tile (512 stored columns, 128 for f32), act-order."""
+    rng = np.random.default_rng(7)
+    n_in = 600 if kind != "f32" else 300
+    parts = [weight_part(kind, rng, 9, n_in, group=64, act_order=True)]
+    x = inputs(rng, 3, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+def test_fused_segments_fill_one_output(kernel_device):
+    """q|k|v-like parts of different layouts, two with act-order: one launch per segment,
+    each at its column offset, bias split between them; x and out are views in wider buffers."""
+    rng = np.random.default_rng(3)
+    n_in = 70
+    parts = [weight_part("int4", rng, 12, n_in, act_order=True),
+             weight_part("int4", rng, 5, n_in, act_order=True),
+             weight_part("int4", rng, 6, n_in), weight_part("int4", rng, 4, n_in),   # one segment
+             weight_part("int8", rng, 3, n_in, group=16),
+             weight_part("f32", rng, 8, n_in), weight_part("f16", rng, 9, n_in)]
+    packed = pack_linear(parts, None, np, keep_f16=True)
+    assert [(s.kind, s.out_offset, s.out_features) for s in packed.segments] == [
+        ("int4", 0, 12), ("int4", 12, 5), ("int4", 17, 10), ("int8", 27, 3), ("f32", 30, 8), ("f16", 38, 9)]
+    bias = rng.standard_normal(47).astype(np.float32)
+    x = inputs(rng, 5, n_in)
+    got = run_kernel(kernel_device, parts, bias, x, out_pad=(3, 5), x_pad=(2, 7))
+    assert_bits_equal(got, twin_rows(parts, bias, x))
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("split_rows", [True, False])
+@pytest.mark.parametrize("kind", KINDS)
+def test_row_invariance(kernel_device, kind, split_rows, monkeypatch):
+    """Row r of a 65-row call has the bits of the same row computed alone, whether the
+    launcher spreads the rows over blocks or not."""
+    monkeypatch.setattr(launch, "FEW_COLUMN_BLOCKS", 10**9 if split_rows else 0)
+    rng = np.random.default_rng(11)
+    parts = [weight_part(kind, rng, 10, 90, act_order=kind.startswith("int"))]
+    bias = rng.standard_normal(10).astype(np.float32)
+    x = inputs(rng, 65, 90)
+    together = run_kernel(kernel_device, parts, bias, x)
+    for r in (0, 1, 5, 8, 15, 16, 33, 62, 64):
+        assert_bits_equal(together[r:r + 1], run_kernel(kernel_device, parts, bias, x[r:r + 1]))
+    assert_bits_equal(together[20:27], run_kernel(kernel_device, parts, bias, x[20:27]))
+
+
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_kernel_weights_are_the_dequantized_weights(kernel_device, kind, scale_dtype):
+    """x = identity picks out each weight column: the kernel decodes exactly what
+    tinyloop.model.quant.dequantize gives (act-order, padding, f16 and f32 scales)."""
+    rng = np.random.default_rng(5)
+    n_in = 40
+    part = weight_part(kind, rng, 6, n_in, group=12 if kind == "int8" else 16,
+                       act_order=kind.startswith("int"), scale_dtype=scale_dtype)
+    expected = dequantize(part) if isinstance(part, QuantizedTensor) else np.asarray(part, np.float32)
+    got = run_kernel(kernel_device, [part], None, np.eye(n_in, dtype=np.float32))  # (in, out) = W.T
+    assert_bits_equal(np.ascontiguousarray(got.T), expected)
+
+
+# -- against the CPU backend and float64 ---------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_kernel_close_to_cpu_backend(kernel_device, kind):
+    rng = np.random.default_rng(13)
+    n_in = 100
+    parts = [weight_part(kind, rng, 12, n_in, act_order=kind.startswith("int")), weight_part(kind, rng, 7, n_in)]
+    bias = rng.standard_normal(19).astype(np.float32)
+    x = inputs(rng, 4, n_in)
+    cpu = CpuBackend()
+    expected = cpu.linear(x, cpu.prepare_linear(parts, bias), exact=True)
+    got = run_kernel(kernel_device, parts, bias, x)
+    assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)) + 1e-30)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bulk_kernel_close_to_reference(kernel_device, kind):
+    """exact=False with 70 rows: the bulk kernel, two row tiles, a partial column tile."""
+    rng = np.random.default_rng(17)
+    n_in = 75
+    parts = [weight_part(kind, rng, 50, n_in, act_order=kind.startswith("int")), weight_part(kind, rng, 20, n_in)]
+    bias = rng.standard_normal(70).astype(np.float32)
+    x = inputs(rng, 70, n_in)
+    expected = twin.linear_bulk_reference(x, pack_linear(parts, bias, np, keep_f16=True))
+    got = run_kernel(kernel_device, parts, bias, x, exact=False, out_pad=(1, 2), x_pad=(3, 0))
+    assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
+
+
+def test_twin_close_to_float64():
+    """The twin itself against an independent float64 product (no device needed)."""
+    rng = np.random.default_rng(19)
+    parts = [weight_part("int4", rng, 30, 200, act_order=True), weight_part("f32", rng, 10, 200)]
+    x = inputs(rng, 3, 200)
+    weight = np.concatenate([dequantize(parts[0]), parts[1]]).astype(np.float64)
+    expected = x.astype(np.float64) @ weight.T
+    assert np.all(np.abs(twin_rows(parts, None, x) - expected) <= 1e-6 * magnitude(x, parts))
+
+
+# -- packing -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits,group,n_in,act_order", [(2, 8, 50, False), (4, 32, 100, True),
+                                                       (8, 6, 45, True), (4, 128, 576, False)])
+def test_packing_round_trip(bits, group, n_in, act_order):
+    rng = np.random.default_rng(bits)
+    part = weight_part(f"int{bits}", rng, 5, n_in, group=group, act_order=act_order)
+    dense = rng.standard_normal((3, n_in)).astype(np.float32)
+    half = rng.standard_normal((2, n_in)).astype(np.float16)
+    packed = pack_linear([part, dense, half], None, np, keep_f16=True)
+    quantized = packed.segments[0]
+    assert quantized.weights.dtype == np.uint8 and quantized.weights.shape[1] % 4 == 0
+    assert quantized.scale.dtype == quantized.min.dtype == np.float32
+    assert packed.segments[1].weights.shape == (3, -(-n_in // 4) * 4)
+    assert packed.segments[2].weights.dtype == np.float16 and packed.segments[2].weights.shape[1] % 8 == 0
+    weight = twin.dense_weight(packed)                                           # (10, n_in)
+    assert np.array_equal(weight[:5], dequantize(part))
+    assert np.array_equal(weight[5:8], dense) and np.array_equal(weight[8:], half.astype(np.float32))
+    assert packed.nbytes == sum(a.nbytes for s in packed.segments
+                                for a in (s.weights, s.scale, s.min, s.perm, s.bias) if a is not None)
+
+
+def test_f16_parts_widen_unless_kept():
+    half = np.ones((2, 6), np.float16)
+    assert pack_linear([half], None, np).segments[0].kind == "f32"
+    assert pack_linear([half], None, np, keep_f16=True).segments[0].kind == "f16"
+
+
+def test_quantized_weights_stay_small():
+    rng = np.random.default_rng(0)
+    part = weight_part("int4", rng, 64, 256)
+    dense = pack_linear([dequantize(part)], None, np)
+    assert pack_linear([part], None, np).nbytes < dense.nbytes / 5
+
+
+def _bad(tensor: QuantizedTensor, **changes) -> QuantizedTensor:
+    fields = {"codes": tensor.codes, "scale": tensor.scale, "min": tensor.min, "bits": tensor.bits,
+              "group_size": tensor.group_size, "perm": tensor.perm, "in_features": tensor.in_features}
+    fields.update(changes)
+    return QuantizedTensor(**fields)
+
+
+def test_bad_layouts_are_refused():
+    rng = np.random.default_rng(0)
+    good = weight_part("int4", rng, 4, 64)
+    cases = [
+        ([], None, "at least one weight part"),
+        ([good, weight_part("f32", rng, 3, 65)], None, "share the input width"),
+        ([good], np.zeros(5), r"bias must have shape \(4,\)"),
+        ([_bad(good, perm=np.arange(64, dtype=np.int32)[::-1] % 63)], None, "perm must be a permutation"),
+        ([_bad(good, perm=np.arange(32, dtype=np.int32))], None, "perm must be a permutation"),
+        ([_bad(good, scale=good.scale[:, :1])], None, r"scale must have shape \(4, 2\)"),
+        ([_bad(good, min=good.min[:3])], None, r"min must have shape \(4, 2\)"),
+        ([_bad(good, codes=good.codes.astype(np.int16))], None, "codes must be a 2-D uint8"),
+        ([_bad(good, bits=3)], None, "bits must be one of"),
+        ([_bad(good, group_size=24)], None, "not a multiple of the group size"),
+        ([_bad(good, in_features=65)], None, r"in_features must be in \[1, 64\]"),
+        ([np.zeros((2, 3), np.int32)], None, "2-D float array"),
+        ([np.zeros(3, np.float32)], None, "2-D float array"),
+    ]
+    for parts, bias, message in cases:
+        with pytest.raises(ValueError, match=message):
+            pack_linear(parts, bias, np)
+
+
+def test_bad_arrays_are_refused_by_the_launcher():
+    packed = pack_linear([np.ones((4, 8), np.float32)], None, np)
+    module = None                                   # refused before any launch
+    cases = [(np.ones((2, 9), np.float32), np.zeros((2, 4), np.float32), r"x must have shape \(T, 8\)"),
+             (np.ones((2, 8), np.float32), np.zeros((3, 4), np.float32), r"out must have shape \(2, 4\)"),
+             (np.ones((2, 8), np.float64), np.zeros((2, 4), np.float32), "x must be float32"),
+             (np.ones((8, 2), np.float32).T, np.zeros((2, 4), np.float32), "rows must be contiguous"),
+             (np.ones((2, 8), np.float32), np.zeros((2, 4), np.float16), "out must be float32")]
+    for x, out, message in cases:
+        with pytest.raises(ValueError, match=message):
+            launch.linear(module, x, packed, out, exact=True)
+
+
+# -- real models' shapes -------------------------------------------------------------------------
+def test_smollm2_qkv_shape(kernel_device):
+    """SmolLM2-135M's fused q|k|v (576 -> 576 + 192 + 192), int4 groups of 128 (stored 640)."""
+    rng = np.random.default_rng(23)
+    parts = [weight_part("int4", rng, n, 576, group=128) for n in (576, 192, 192)]
+    x = inputs(rng, 2, 576)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+@pytest.mark.slow
+@pytest.mark.kernel_orders("id")
+@pytest.mark.parametrize("parts_shape,rows", [
+    (((1536, 576), (1536, 576)), 65),          # SmolLM2 gate|up, a full verify step
+    (((576, 1536),), 65),                      # SmolLM2 down
+    (((2048, 2048),) * 3, 1),                  # doc-407m q|k|v, one decode row
+])
+def test_model_shapes(kernel_device, parts_shape, rows):
+    rng = np.random.default_rng(29)
+    parts = [weight_part("int4", rng, n_out, n_in, group=128) for n_out, n_in in parts_shape]
+    x = inputs(rng, rows, parts_shape[0][1])
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))

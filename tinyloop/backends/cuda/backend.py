@@ -1,0 +1,235 @@
+"""The CUDA backend: the Backend interface (backends/base.py) on the kernels of cuda/*.cu.
+
+Weights stay packed on the device (launch/packing.py); the KV cache is stored in its
+mode's layout (launch/kv.py) and attention reads it in place; greedy ids and top-k
+candidates are found on the device, so a step moves ids or K candidates to the host.
+
+Everything goes through `self.device` (device.py): CuPy on a GPU, or, in the test suite,
+NumPy arrays and the CPU harness that runs the same .cu sources, so this whole file runs
+end to end on the CPU (tests/test_cuda_backend.py).
+
+Exactness (the rule of backends/cpu/__init__.py) holds by construction of the kernels:
+the row kernels of the linear, the norms, the KV write and attention give each row
+(query, token) bits that depend on that row's inputs alone — fixed reduction orders,
+no split that depends on the number of rows, no atomics (cuda/README.md). So a verify
+over T rows equals T decode steps bit for bit, on the GPU as in the harness.
+
+Per forward, the plan's positions, write rows and draft-tree path rows are uploaded once
+(DevicePlan, cached on the plan) and every layer's kernels read them on the device.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyloop.backends.base import Backend
+from tinyloop.backends.cpu.positions import rope_table
+from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.backends.cuda.graphs import DecodeGraph, graphs_enabled
+from tinyloop.backends.cuda.launch import attention as attention_launch
+from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
+from tinyloop.backends.cuda.launch.kv import DeviceKV
+from tinyloop.backends.cuda.launch.packing import pack_linear
+from tinyloop.backends.cuda.launch.sampling import TOPK_MAX
+from tinyloop.kv.modes import packed_bytes_per_row
+from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.model.quant import QuantizedTensor, dequantize
+
+NO_TREE = attention_launch.NO_TREE
+
+
+@dataclass
+class DevicePlan:
+    """A forward's per-step values on the device (int32), uploaded once per forward."""
+    positions: object              # (T,)
+    write_rows: object             # (T,) physical rows of the new tokens
+    window: int
+    ring_blocks: int               # 0: no ring
+    shared_end: int                # logical block where tail_rows start (NO_TREE: none)
+    tail_rows: object | None       # (T, tail_len) physical rows, or None
+    tail_len: int
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, device, graphs: bool | None = None):
+        self.device = device
+        self.xp = device.xp
+        self.description = "cuda"
+        self.graphs = graphs_enabled() if graphs is None else graphs
+        self._static = None              # StepInputs while a decode step is being captured
+        self._graph = None               # the current request's DecodeGraph
+
+    def _module(self, name: str):
+        return self.device.module(name)
+
+    def _empty(self, shape, dtype=np.float32):
+        return self.xp.empty(shape, dtype)
+
+    def _ints(self, host) -> object:
+        return self.device.asarray(np.ascontiguousarray(host, dtype=np.int32))
+
+    # -- memory ------------------------------------------------------------------------------
+    def asarray(self, host, dtype=None):
+        return self.device.asarray(host, dtype)
+
+    def to_host(self, array) -> np.ndarray:
+        return self.device.to_host(array)
+
+    def allocate(self, nbytes: int):
+        return self.xp.zeros(nbytes, np.uint8)
+
+    # -- weights -------------------------------------------------------------------------------
+    def prepare_linear(self, parts, bias=None):
+        return pack_linear(parts, bias, self.xp)
+
+    def prepare_vector(self, host):
+        return None if host is None else self.device.asarray(np.asarray(host, np.float32))
+
+    def prepare_embedding(self, table):
+        host = dequantize(table, np.float32) if isinstance(table, QuantizedTensor) else table
+        return self.device.asarray(np.ascontiguousarray(host, dtype=np.float32))      # (V, D)
+
+    def rope_table(self, max_positions, head_dim, theta):
+        return self.device.asarray(rope_table(max_positions, head_dim, theta))         # (P, hd/2) complex64
+
+    # -- per forward ---------------------------------------------------------------------------
+    def rope_rows(self, table, positions):
+        device_positions = self._static.positions if self._static is not None else self._ints(positions)
+        return table[device_positions]                                                 # (T, hd/2)
+
+    @contextlib.contextmanager
+    def static_inputs(self, inputs):
+        """While a one-token step is captured, its token, position and cache row come from
+        these device buffers (graphs.py) instead of uploads recorded into the graph."""
+        self._static = inputs
+        try:
+            yield
+        finally:
+            self._static = None
+
+    def decode_runner(self, model, cache, loops):
+        """The captured decode step of this cache and loop count (graphs.py), or None."""
+        if not self.graphs:
+            return None
+        graph = self._graph
+        if graph is None or graph.cache is not cache or graph.loops != loops or graph.model is not model:
+            graph = self._graph = DecodeGraph(self, model, cache, loops)     # one request at a time
+        return graph
+
+    def device_plan(self, plan) -> DevicePlan:
+        """The plan's per-step values on the device, uploaded on first use in the forward."""
+        cached = getattr(plan, "device_values", None)
+        if cached is not None:
+            return cached
+        if self._static is not None:
+            values = DevicePlan(self._static.positions, self._static.rows, *self._geometry(plan), NO_TREE, None, 0)
+            plan.device_values = values
+            return values
+        n = plan.n_tokens
+        rows = plan.write_rows
+        if isinstance(rows, slice):
+            rows = np.arange(rows.start, rows.stop)
+        window, ring_blocks = self._geometry(plan)
+        tail, tail_len, shared_end = None, 0, NO_TREE
+        a = plan.attention
+        if a is not None and a.n_tail:
+            tail_len = a.n_tail * ATTENTION_BLOCK
+            tail = self._ints(np.asarray(a.tail_rows).reshape(n, tail_len))
+            shared_end = a.shared_end
+        values = DevicePlan(self._ints(plan.positions), self._ints(rows), window, ring_blocks,
+                            shared_end, tail, tail_len)
+        plan.device_values = values
+        return values
+
+    @staticmethod
+    def _geometry(plan) -> tuple[int, int]:
+        """(window, ring blocks) of the plan's cache."""
+        g = plan.geometry
+        return (g.window, g.ring // ATTENTION_BLOCK if g.ring else 0) if g else (0, 0)
+
+    def embed(self, table, ids):
+        ids = np.asarray(ids)
+        out = self._empty((ids.shape[0], table.shape[1]))
+        device_ids = self._static.tokens if self._static is not None else self._ints(ids)
+        return elementwise.embed(self._module("elementwise"), table, device_ids, out)
+
+    def linear(self, x, weight, exact: bool):
+        out = self._empty((x.shape[0], weight.out_features))
+        return linear.linear(self._module("linear"), x, weight, out, exact)
+
+    def rms_norm(self, x, weight, eps):
+        return elementwise.rms_norm(self._module("elementwise"), x, weight, eps, self._empty(x.shape))
+
+    def layer_norm(self, x, weight, bias, eps):
+        return elementwise.layer_norm(self._module("elementwise"), x, weight, bias, eps, self._empty(x.shape))
+
+    def rope(self, x, plan):
+        """Rotates x in place (a view of the fused qkv output) and returns it."""
+        return elementwise.rope(self._module("elementwise"), x, plan.rotation)
+
+    def swiglu(self, up, ffn_dim):
+        up = self.xp.ascontiguousarray(up)
+        return elementwise.swiglu(self._module("elementwise"), up, self._empty((up.shape[0], ffn_dim)))
+
+    def gelu(self, x):
+        x = self.xp.ascontiguousarray(x)
+        return elementwise.gelu(self._module("elementwise"), x, self._empty(x.shape))
+
+    # -- the KV cache --------------------------------------------------------------------------
+    def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> DeviceKV:
+        return DeviceKV.allocate(mode, n_slots, n_kv, rows, head_dim, alloc, self.xp)
+
+    def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
+        return packed_bytes_per_row(mode, n_kv, head_dim)
+
+    def kv_write(self, storage: DeviceKV, slot, plan, keys, values):
+        kv.kv_write(self._module("kv"), storage, slot, self.device_plan(plan).write_rows, keys, values)
+
+    def attention(self, q, storage: DeviceKV, slot, plan, scale):
+        d = self.device_plan(plan)
+        out = self._empty(q.shape)
+        return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
+                                          d.ring_blocks, d.shared_end, d.tail_rows, d.tail_len, scale, out)
+
+    def kv_copy_rows(self, storage: DeviceKV, source, target):
+        source, target = np.asarray(source), np.asarray(target)
+        if not source.size:
+            return
+        scratch = self.xp.empty(storage.scratch_bytes(source.shape[0]), np.uint8)
+        kv.copy_rows(self._module("kv"), storage.arrays(), self._ints(source), self._ints(target), scratch)
+
+    def kv_stored(self, storage: DeviceKV, rows) -> dict:
+        """The stored arrays of physical rows on the host; fp16 widened to float32 as the CPU
+        backend keeps it (without the CPU's column of ones), so tests compare caches directly."""
+        index = rows if isinstance(rows, (slice, int, np.integer)) else self._ints(rows)
+        out = {}
+        for side, arrays in (("keys", storage.keys), ("values", storage.values)):
+            for name, array in arrays.items():
+                host = self.to_host(array[:, :, index])
+                out[f"{side}.{name}"] = host.astype(np.float32) if name == "data" else host
+        return out
+
+    # -- sampling support ----------------------------------------------------------------------
+    def argmax(self, logits) -> np.ndarray:
+        ids = self.xp.empty(logits.shape[0], np.int32)
+        return self.to_host(sampling.argmax(self._module("sampling"), self.xp.ascontiguousarray(logits), ids))
+
+    def top_k(self, logits, k):
+        logits = self.xp.ascontiguousarray(logits)
+        rows, vocab = logits.shape
+        if not 1 <= k <= min(vocab - 1, TOPK_MAX):
+            # every id (k 0 or >= V) or more than the kernel's bound: the CPU backend's way, on the host
+            host = [np.asarray(row, np.float64) for row in self.to_host(logits)]
+            ids = np.stack([top_k_ids(row, k)[:k] for row in host])
+            values = np.stack([row[i] for row, i in zip(host, ids)])
+            return ids, values, np.array([log_normalizer(row) for row in host])
+        module = self._module("sampling")
+        ids, values = self.xp.empty((rows, k), np.int32), self.xp.empty((rows, k), np.float32)
+        sampling.top_k(module, logits, k, ids, values)
+        normalizers = sampling.logsumexp(module, logits, self.xp.empty(rows, np.float64))
+        return (self.to_host(ids).astype(np.int64), self.to_host(values).astype(np.float64),
+                self.to_host(normalizers))

@@ -1,0 +1,110 @@
+"""The CUDA device as the CUDA backend sees it: CuPy arrays, kernel modules, transfers.
+
+The backend (backend.py) touches the GPU only through this object, so the test suite
+can hand it a device made of NumPy arrays and the CPU harness that runs the very same
+.cu sources (tests/cudasim), and run the whole CUDA backend end to end on the CPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyloop.backends.cuda.compile import compile_options, kernel_path
+
+ARENA_BYTES = 256 << 20      # every allocation of a captured decode step (doc-407m: ~10 MiB)
+EXTRA_HINT = "pip install -e '.[cuda12]' (CUDA 12) or '.[cuda13]' (CUDA 13)"
+
+
+def cuda_unavailable() -> str | None:
+    """None when CuPy is installed and sees a GPU, else why not (for the startup log and errors)."""
+    try:
+        import cupy
+    except ImportError:
+        return f"CuPy is not installed; {EXTRA_HINT}"
+    except Exception as error:                         # noqa: BLE001 - a broken CUDA install says why
+        return f"CuPy failed to import ({type(error).__name__}: {error})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:                         # noqa: BLE001 - no driver, no device
+        return f"CuPy finds no usable GPU ({type(error).__name__}: {error})"
+    return None if count > 0 else "CuPy finds no GPU"
+
+
+class CupyDevice:
+    """The GPU: CuPy arrays, RawModules compiled with NVRTC from cuda/*.cu."""
+    name = "cuda"
+
+    def __init__(self):
+        import cupy
+        self.xp = cupy
+        self._modules = {}
+        self._stream = None
+
+    def module(self, name: str):
+        if name not in self._modules:
+            self._modules[name] = self.xp.RawModule(code=kernel_path(name).read_text(), options=compile_options())
+        return self._modules[name]
+
+    def asarray(self, host, dtype=None):
+        return self.xp.asarray(host, dtype=dtype)
+
+    def to_host(self, array) -> np.ndarray:
+        return self.xp.asnumpy(array)
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def upload_ints(self, buffers, values) -> None:
+        """One int32 value into each one-element device buffer, on the stream graphs replay on."""
+        with self._graph_stream():
+            for buffer, value in zip(buffers, values):
+                buffer.set(np.array([value], np.int32))
+
+    def _graph_stream(self):
+        if self._stream is None:
+            self._stream = self.xp.cuda.Stream(non_blocking=True)
+        return self._stream
+
+    def capture(self, step):
+        """Record step() as a CUDA graph on a stream of its own, every allocation from an arena
+        kept with the graph; launch it once. -> (replay, the step's result), replay() relaunching
+        it and waiting for it (the result's memory is rewritten in place)."""
+        cp = self.xp
+        stream = self._graph_stream()
+        arena = Arena(cp, ARENA_BYTES)
+        with cp.cuda.using_allocator(arena.malloc), stream:
+            stream.begin_capture()
+            try:
+                result = step()
+            finally:
+                graph = stream.end_capture()
+
+        def replay():
+            graph.launch(stream)
+            stream.synchronize()
+        replay.arena = arena                  # the graph's memory lives as long as its replay
+        replay()
+        return replay, result
+
+    def describe(self) -> str:
+        runtime = self.xp.cuda.runtime
+        index = self.xp.cuda.Device().id
+        props = runtime.getDeviceProperties(index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        version = runtime.runtimeGetVersion()
+        return (f"{name} (sm_{props['major']}{props['minor']}, {props['totalGlobalMem'] / 2**30:.0f} GiB), "
+                f"CuPy {self.xp.__version__}, CUDA runtime {version // 1000}.{version % 1000 // 10}")
+
+
+class Arena:
+    """A bump allocator over one device allocation: what a captured step allocates stays
+    at the addresses the graph recorded (CuPy's pool would hand them to others)."""
+
+    def __init__(self, cp, nbytes: int):
+        self.cp, self.memory, self.offset = cp, cp.cuda.Memory(nbytes), 0
+
+    def malloc(self, size: int):
+        start = -(-self.offset // 256) * 256
+        if start + size > self.memory.size:
+            raise MemoryError(f"a captured step needs more than the {self.memory.size >> 20} MiB graph arena")
+        self.offset = start + size
+        return self.cp.cuda.MemoryPointer(self.memory, start)

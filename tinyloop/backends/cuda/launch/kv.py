@@ -1,0 +1,137 @@
+"""Launch geometry for cuda/kv.cu, and DeviceKV: one request's KV storage on the device.
+
+Arrays are device arrays (CuPy, or the CPU harness's NumPy arrays). Layouts: cuda/README.md
+("KV storage per side"). The twin is tinyloop/backends/cpu/twins/kv.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, packed_bytes_per_row
+from tinyloop.limits import ATTENTION_BLOCK
+
+KV_THREADS = 128             # kv_write_*: one block per (token, kv head, side), threads stride hd
+COPY_THREADS = 128           # rows_gather / rows_scatter: one block per (row, plane), threads stride the row
+KERNELS = {"fp16": "kv_write_fp16", "fp32": "kv_write_fp32", "int8": "kv_write_int8",
+           "int4": "kv_write_int4", "int4-h": "kv_write_int4h"}
+
+
+@dataclass
+class DeviceKV:
+    """Keys and values of n_slots layer instances x `rows` physical rows, per side a dict:
+    float modes {"data": (n_slots, n_kv, rows, hd) float16 / float32}; int modes {"codes":
+    (n_slots, n_kv, rows, hd * bits / 8) uint8, "scale", "min": (n_slots, n_kv, rows,
+    groups) float16}. Dict order is the kernels' argument order."""
+    mode: str
+    n_slots: int
+    n_kv: int
+    rows: int
+    head_dim: int
+    keys: dict
+    values: dict
+
+    @classmethod
+    def allocate(cls, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None, xp=np):
+        """alloc(shape, dtype) -> a zeroed device array (a KV pool's carving); None: xp.zeros."""
+        check_mode(mode)
+        if rows % ATTENTION_BLOCK:
+            raise ValueError(f"KV rows must be a multiple of {ATTENTION_BLOCK}, got {rows}")
+        if mode == "int4-h" and head_dim & (head_dim - 1):
+            raise ValueError(f"the int4-h KV cache needs a power-of-two head_dim, got {head_dim}")
+        alloc = alloc or (lambda shape, dtype: xp.zeros(shape, dtype))
+        lead = (n_slots, n_kv, rows)
+
+        def side():
+            if mode in CODE_BITS:
+                groups = head_dim // group_size(head_dim)
+                return {"codes": alloc(lead + (head_dim * CODE_BITS[mode] // 8,), np.uint8),
+                        "scale": alloc(lead + (groups,), np.float16),
+                        "min": alloc(lead + (groups,), np.float16)}
+            return {"data": alloc(lead + (head_dim,), np.float16 if mode == "fp16" else np.float32)}
+
+        return cls(mode, n_slots, n_kv, rows, head_dim, side(), side())
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Bytes one token's keys and values take per slot (the packed layout kv/modes.py counts)."""
+        return packed_bytes_per_row(self.mode, self.n_kv, self.head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays()))
+
+    def arrays(self) -> list:
+        """Every stored array once: keys' then values', in argument order."""
+        return [*self.keys.values(), *self.values.values()]
+
+    def scratch_bytes(self, n_rows: int) -> int:
+        """Scratch copy_rows needs to move n_rows rows of the largest array."""
+        return max(_planes(a) * n_rows * _row_bytes(a) for a in self.arrays())
+
+
+def _planes(array) -> int:
+    return array.shape[0] * array.shape[1]
+
+
+def _row_bytes(array) -> int:
+    return math.prod(array.shape[3:]) * array.dtype.itemsize
+
+
+def _token_stride(x, n_kv: int, head_dim: int) -> int:
+    """x: (T, n_kv, hd) float32, heads packed, any token stride (a view of the fused qkv
+    output) -> the token stride in floats."""
+    if (x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != (n_kv, head_dim) or x.strides[2] != 4
+            or x.strides[1] != 4 * head_dim):
+        raise ValueError(f"expected (T, {n_kv}, {head_dim}) float32 with heads packed, got {x.dtype} "
+                         f"shape {x.shape} strides {x.strides}")
+    return x.strides[0] // 4
+
+
+def kv_write(module, kv: DeviceKV, slot: int, rows_dev, keys, values) -> None:
+    """keys, values: (T, n_kv, hd) float32 (RoPE applied) -> quantized and stored at physical
+    rows rows_dev (T,) int32 of `slot`, both sides in one launch: grid (T, n_kv, 2)."""
+    n_tokens = keys.shape[0]
+    if values.shape[0] != n_tokens or rows_dev.shape != (n_tokens,) or rows_dev.dtype != np.int32:
+        raise ValueError(f"kv_write: {n_tokens} keys, {values.shape[0]} values, rows {rows_dev.shape} "
+                         f"{rows_dev.dtype} (expected int32)")
+    if not 0 <= slot < kv.n_slots:
+        raise ValueError(f"slot {slot} outside 0..{kv.n_slots - 1}")
+    if not n_tokens:
+        return
+    head_dim = kv.head_dim
+    k_stride = _token_stride(keys, kv.n_kv, head_dim)
+    v_stride = _token_stride(values, kv.n_kv, head_dim)
+    groups = head_dim // group_size(head_dim)
+    shared = 4 * (head_dim + (2 * groups if kv.mode in CODE_BITS else 0))     # the row, group scale and min
+    module.get_function(KERNELS[kv.mode])(
+        (n_tokens, kv.n_kv, 2), (KV_THREADS,),
+        (keys, values, np.int32(k_stride), np.int32(v_stride), *kv.keys.values(), *kv.values.values(),
+         np.int32(slot), rows_dev, np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim)),
+        shared_mem=shared)
+
+
+def copy_rows(module, arrays, source_dev, target_dev, scratch) -> None:
+    """Rows source[i] -> target[i] (int32 device arrays, targets distinct) of every slot and
+    kv head of each array (n_slots, n_kv, rows, ...), contiguous: per array a gather into
+    scratch (uint8, at least DeviceKV.scratch_bytes(n)) and a scatter, so targets may
+    overlap sources (NumPy's a[:, :, target] = a[:, :, source])."""
+    n = source_dev.shape[0]
+    if target_dev.shape != (n,) or source_dev.dtype != np.int32 or target_dev.dtype != np.int32:
+        raise ValueError(f"copy_rows: source {source_dev.shape} {source_dev.dtype}, target "
+                         f"{target_dev.shape} {target_dev.dtype} (expected equal int32 vectors)")
+    if not n:
+        return
+    gather, scatter = module.get_function("rows_gather"), module.get_function("rows_scatter")
+    for array in arrays:
+        if not array.flags.c_contiguous:
+            raise ValueError(f"copy_rows needs contiguous arrays, got strides {array.strides}")
+        planes, row_bytes = _planes(array), _row_bytes(array)
+        if scratch.nbytes < planes * n * row_bytes:
+            raise ValueError(f"copy_rows: scratch holds {scratch.nbytes} bytes, needs {planes * n * row_bytes}")
+        grid = (n, planes)
+        args = (np.int32(n), np.int32(array.shape[2]), np.int32(row_bytes))
+        gather(grid, (COPY_THREADS,), (array, scratch, source_dev, *args))
+        scatter(grid, (COPY_THREADS,), (array, scratch, target_dev, *args))

@@ -1,0 +1,76 @@
+"""Launch geometry for cuda/linear.cu: one launch per weight segment of a PackedLinear.
+
+`linear(module, x, packed, out, exact)` writes x @ W (+ bias) into the preallocated `out`.
+exact=True (decode, verify) runs linear_rows_*: each row's bits do not depend on the
+number of rows. exact=False (prefill) runs linear_bulk_* when there are enough rows for
+its 64-row tiles to pay, else the rows kernel (as fast there, and exact anyway).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyloop.backends.cuda.launch.packing import PackedLinear
+
+ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
+ROWS_THREADS = ROWS_WARPS * 32
+ROWS_PER_BLOCK = 16            # rows per block when the column grid alone leaves SMs idle
+FEW_COLUMN_BLOCKS = 512        # below this many column blocks (~4 per H200 SM), split rows too
+BULK_TILE = 64                 # rows and columns per bulk block: BULK_ROWS, BULK_COLS
+BULK_THREADS = 256
+BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the faster one
+
+
+def linear(module, x, packed: PackedLinear, out, exact: bool):
+    """x: (T, in) float32 (row stride free); out: (T, out) float32 (row stride free) <- x @ W.T + bias."""
+    if x.ndim != 2 or x.shape[1] != packed.in_features:
+        raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
+    n_rows = x.shape[0]
+    if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
+        raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
+    x_stride, y_stride = _row_stride(x, "x"), _row_stride(out, "out")
+    if n_rows == 0:
+        return out
+    bulk = not exact and n_rows >= BULK_MIN_ROWS
+    for seg in packed.segments:
+        if seg.out_features == 0:
+            continue
+        if bulk:
+            name = f"linear_bulk_{seg.kind}"
+            grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
+            block, rows_per_block = (BULK_THREADS,), n_rows
+        else:
+            name = f"linear_rows_{seg.kind}"
+            column_blocks = _blocks(seg.out_features, ROWS_WARPS)
+            # Which rows share a block changes no row's bits: split rows only for parallelism.
+            rows_per_block = ROWS_PER_BLOCK if column_blocks < FEW_COLUMN_BLOCKS else n_rows
+            grid = (column_blocks, _blocks(n_rows, rows_per_block))
+            block = (ROWS_THREADS,)
+        any_float = seg.weights                          # a valid pointer for unused arguments
+        args = (x, np.int32(x_stride), np.int32(n_rows), np.int32(rows_per_block),
+                seg.weights, np.int32(seg.words_per_row), np.int32(seg.out_features),
+                any_float if seg.scale is None else seg.scale,
+                any_float if seg.min is None else seg.min,
+                np.int32(seg.groups), np.int32(seg.group_size),
+                any_float if seg.perm is None else seg.perm, np.int32(seg.perm is not None),
+                np.int32(seg.stored_in), np.int32(packed.in_features),
+                any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
+                out, np.int32(y_stride), np.int32(seg.out_offset))
+        module.get_function(name)(grid, block, args)
+    return out
+
+
+def _blocks(n: int, per_block: int) -> int:
+    return -(-n // per_block)
+
+
+def _row_stride(array, name: str) -> int:
+    """Row stride in floats of a float32 (T, width) array whose rows are each contiguous."""
+    if array.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {array.dtype}")
+    if array.shape[1] > 1 and array.strides[1] != 4:
+        raise ValueError(f"{name}'s rows must be contiguous (column stride 4 bytes), "
+                         f"got strides {array.strides}")
+    if array.strides[0] % 4 or array.strides[0] < 0:
+        raise ValueError(f"{name}'s row stride must be a non-negative whole number of floats, "
+                         f"got {array.strides[0]} bytes")
+    return array.strides[0] // 4
