@@ -1,30 +1,51 @@
-// Exact (row-invariant) attention over the stored KV cache: decode, verify and draft trees.
+// Exact (row-invariant) attention over the stored KV cache: decode, verify and draft trees,
+// with the context split across thread blocks in a fixed partition (split context).
 //
 // attention_<mode>: query t (logical position pos[t]) attends to the keys it sees, as
 // cuda/README.md "Attention geometry" says, reading the stored cache directly: a 64-key
 // block is dequantized into a shared tile (keys, then values), never into a float copy of
 // the cache. The twin is tinyloop/backends/cpu/twins/attention.py.
 //
-// Geometry (launch/attention.py): grid (T, n_kv), block ATT_THREADS (a multiple of 32),
-// dynamic shared (2 G hd + 64 (hd | 1) + 68 G) floats, G = n_heads / n_kv. One block
-// serves one (query, kv head) and the G query heads sharing it; it loops over the query's
-// own logical blocks lowest // 64 .. pos // 64, so its result depends on nothing but its
-// position and the stored rows it sees (row-invariant by construction).
+// Partition (cuda/README.md "Attention: split context"): chunk c of every query is the
+// logical blocks [c S, (c + 1) S), S = ATT_CHUNK_BLOCKS, clipped to the query's own blocks
+// first = lowest // 64 .. last = pos // 64. The chunks a query has, first // S .. last // S,
+// and what each holds depend on nothing but its position and the window: not on T, not on
+// the other queries, not on the grid.
+//
+// Two launches per call (launch/attention.py):
+//   pass 1, attention_<mode>: grid (T, n_kv, max_chunks), block ATT_THREADS (a multiple of
+//     32), dynamic shared (2 G hd + 64 (hd | 1) + 68 G) floats, G = n_heads / n_kv. Block
+//     (t, g, z) serves query t's chunk c = first // S + z for kv head g and the G query heads
+//     sharing it (nothing when c > last // S), and writes the chunk's partial (acc, l, m) to
+//     partials[t, g, z] = (G hd + 2 G) floats: acc (G, hd), then l (G), then m (G).
+//   pass 2, attention_merge: grid (T, n_kv), block ATT_THREADS, dynamic shared G hd floats.
+//     Merges the query's chunks z = 0 .. n_chunks - 1 in increasing order, divides, and
+//     (int4-h) rotates back.
 //
 // Arithmetic, per query head (the twin spells out the same):
 //   q' = (int4-h: fwht(q) * norm) * scale
-//   per block, in increasing order:
+//   pass 1, per chunk: m = -inf, acc = 0, l = 0; per block of the chunk, in increasing order:
 //     s_j  = dot(q', k_j): four running sums c_r over d = r, r+4, ... from +0, then
 //            (c0 + c1) + (c2 + c3); a masked key gets s_j = -inf
 //     bm   = max_j s_j; a block with bm = -inf leaves (m, acc) unchanged
-//     m'   = max(m, bm) (m starts at -inf); corr = exp(m - m'); p_j = exp(s_j - m')
+//     m'   = max(m, bm); corr = exp(m - m'); p_j = exp(s_j - m')
 //     acc[d] = acc[d] * corr + tree_j(p_j * v_j[d]) for d < hd, and with v = 1 for the
 //            probability sum l = acc[hd]; a masked key's term is exactly +0
 //     tree_j: adjacent pairwise sum over the 64 keys, ((t0 + t1) + (t2 + t3)) + ...
-//   out = acc[d] / l, then (int4-h) fwht(out) * norm
+//     (a chunk whose every block was left unchanged keeps m = -inf: it is empty)
+//   pass 2: M = -inf, A = 0, L = 0; per chunk z in increasing order, skipping m_z = -inf:
+//     M' = max(M, m_z); a = exp(M - M'); b = exp(m_z - M')
+//     A[d] = A[d] * a + acc_z[d] * b; L = L * a + l_z * b; M = M'
+//   out = A[d] / L, then (int4-h) fwht(out) * norm
 #include "common.cuh"
 
 #define ATT_NEG_INF (-tl_inf())
+#define ATT_CHUNK_BLOCKS 4   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
+
+// The query's first and last logical 64-key block (README geometry).
+__device__ __forceinline__ int att_lowest(int pos, int window) {
+    return (window && pos - window + 1 > 0) ? pos - window + 1 : 0;
+}
 
 // One stored side: float modes use data; int modes codes (data), scale and min.
 struct KVSide {
@@ -136,22 +157,29 @@ template <int MODE, bool ROTATE>
 __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KVSide keys, KVSide values,
                                int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window,
                                int ring_blocks, int shared_end, const int* tail_rows, int tail_len,
-                               int has_tail, float scale, float* out) {
-    const int t = blockIdx.x, g = blockIdx.y, G = group, tid = threadIdx.x, nt = blockDim.x;
+                               int has_tail, float scale, float* partials, int max_chunks) {
+    const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
     const int stride = hd | 1;             // odd row stride: a warp reading one column of the tile hits 32 banks
     float* qs = att_smem;                  // (G, hd) the group's queries, rotated and scaled
     float* tile = qs + G * hd;             // (64, stride) the block's keys, then its values
     float* ps = tile + TL_BLOCK * stride;  // (G, 64) scores, then probabilities
     float* acc = ps + G * TL_BLOCK;        // (G hd + G) value sums per head, then the G probability sums
-    float* ms = acc + G * hd + G;          // (G,) running max
+    float* ms = acc + G * hd + G;          // (G,) running max (acc, l, m: the partial, contiguous)
     float* corr = ms + G;                  // (G,) this block's correction exp(m - m')
     int* skip = (int*)(corr + G);          // (G,) 1: the block has no visible key for this head
 
     AttGeometry geo;
     geo.t = t;
     geo.pos = positions[t];
-    geo.lowest = (window && geo.pos - window + 1 > 0) ? geo.pos - window + 1 : 0;
+    geo.lowest = att_lowest(geo.pos, window);
+    // this block's chunk, clipped to the query's own blocks; nothing to do past the last one
+    const int first = geo.lowest / TL_BLOCK, last = geo.pos / TL_BLOCK;
+    const int chunk = first / ATT_CHUNK_BLOCKS + z;
+    if (chunk > last / ATT_CHUNK_BLOCKS) return;              // the whole block leaves, before any barrier
+    const int b_begin = chunk * ATT_CHUNK_BLOCKS > first ? chunk * ATT_CHUNK_BLOCKS : first;
+    const int b_end = chunk * ATT_CHUNK_BLOCKS + ATT_CHUNK_BLOCKS - 1 < last ? chunk * ATT_CHUNK_BLOCKS
+                                                                             + ATT_CHUNK_BLOCKS - 1 : last;
     geo.ring_blocks = ring_blocks;
     geo.shared_end = shared_end;
     geo.tail_rows = tail_rows;
@@ -168,7 +196,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
     for (int e = tid; e < G * hd; e += nt) qs[e] = tl_mul(qs[e], scale);
     __syncthreads();
 
-    for (int b = geo.lowest / TL_BLOCK; b <= geo.pos / TL_BLOCK; ++b) {
+    for (int b = b_begin; b <= b_end; ++b) {
         const int k0 = b * TL_BLOCK;
         att_tile<MODE>(keys, tile, stride, plane, n_rows, hd, b, geo);
         __syncthreads();
@@ -217,13 +245,10 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
         __syncthreads();
     }
 
-    for (int e = tid; e < G * hd; e += nt) qs[e] = tl_div(acc[e], acc[G * hd + e / hd]);
-    if (ROTATE) {
-        __syncthreads();
-        att_fwht(qs, G, hd);
-    }
-    float* out_row = out + ((long long)t * n_kv * G + (long long)g * G) * hd;
-    for (int e = tid; e < G * hd; e += nt) out_row[e] = qs[e];
+    // the loop ended on a barrier: acc, l and m are final. partials[t, g, z] = (acc, l, m)
+    const int part = G * hd + 2 * G;
+    float* out_part = partials + (((long long)t * n_kv + g) * max_chunks + z) * part;
+    for (int e = tid; e < part; e += nt) out_part[e] = acc[e];
 }
 
 // The dynamic shared array is declared outside the templates: the CPU harness (tests/cudasim)
@@ -231,9 +256,10 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
 extern __shared__ float att_smem[];
 
 #define ATT_TAIL_ARGS int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
-    int ring_blocks, int shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, float* out
+    int ring_blocks, int shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \
+    float* partials, int max_chunks
 #define ATT_TAIL_PASS slot, n_kv, n_rows, hd, group, positions, window, ring_blocks, shared_end, \
-    tail_rows, tail_len, has_tail, scale, out
+    tail_rows, tail_len, has_tail, scale, partials, max_chunks
 // Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
 extern "C" __global__ void attention_fp32(const float* q, int q_stride, const float* key_data,
                                           const float* value_data, ATT_TAIL_ARGS) {
@@ -256,4 +282,45 @@ extern "C" __global__ void attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
 }
 extern "C" __global__ void attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     attention_impl<ATT_INT4, true>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
+}
+
+// Pass 2: merge the chunk partials of query t, kv head g (pass 1's layout) in increasing chunk
+// order, divide, and (rotate = 1: int4-h) rotate back. A thread per (head, d): it merges its
+// element and its head's probability sum itself, so no barrier is needed before the division.
+// A query with more chunks than max_chunks (positions outside the geometry the launcher sized
+// the grid for) gets NaN rather than a read past its partials.
+extern "C" __global__ void attention_merge(const float* partials, int n_kv, int hd, int group, int max_chunks,
+                                           const int* positions, int window, int rotate, float* out) {
+    const int t = blockIdx.x, g = blockIdx.y, G = group, tid = threadIdx.x, nt = blockDim.x;
+    const int pos = positions[t], lowest = att_lowest(pos, window);
+    const int n_chunks = pos / TL_BLOCK / ATT_CHUNK_BLOCKS - lowest / TL_BLOCK / ATT_CHUNK_BLOCKS + 1;
+    const int part = G * hd + 2 * G;
+    const float* base = partials + ((long long)t * n_kv + g) * max_chunks * part;
+    float* os = att_smem;                  // (G, hd) the group's outputs
+    for (int e = tid; e < G * hd; e += nt) {
+        const int h = e / hd;
+        float m = ATT_NEG_INF, a = 0.0f, l = 0.0f;
+        if (n_chunks > max_chunks) {
+            os[e] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        for (int c = 0; c < n_chunks; ++c) {
+            const float* p = base + (long long)c * part;
+            const float mc = p[G * hd + G + h];
+            if (mc == ATT_NEG_INF) continue;                       // an empty chunk
+            const float m_new = fmaxf(m, mc);
+            const float corr_old = tl_exp(tl_sub(m, m_new));       // first chunk: exp(-inf) = 0
+            const float corr_new = tl_exp(tl_sub(mc, m_new));
+            a = tl_add(tl_mul(a, corr_old), tl_mul(p[e], corr_new));
+            l = tl_add(tl_mul(l, corr_old), tl_mul(p[G * hd + h], corr_new));
+            m = m_new;
+        }
+        os[e] = tl_div(a, l);
+    }
+    if (rotate) {                          // uniform over the block: the barriers inside are safe
+        __syncthreads();
+        att_fwht(os, G, hd);
+    }
+    float* out_row = out + ((long long)t * n_kv * G + (long long)g * G) * hd;
+    for (int e = tid; e < G * hd; e += nt) out_row[e] = os[e];
 }

@@ -14,8 +14,8 @@
 // The output lands at y[t * y_stride + y_offset + o], so several segments (q|k|v with
 // different layouts) fill one fused output.
 //
-// Every kernel here takes the same arguments (dense kinds ignore scale/min/groups/
-// group_size and get has_perm = 0):
+// Every kernel here takes the same arguments (scale and min typed as above; dense kinds
+// ignore scale/min/groups/group_size and get has_perm = 0):
 //   x, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, min, groups,
 //   group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y, y_stride, y_offset
 //

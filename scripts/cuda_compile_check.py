@@ -21,8 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tinyloop.backends.cuda.compile import (KERNEL_DIR, NvrtcError, compile_options,  # noqa: E402
-                                            nvrtc_compile, nvrtc_library)
+from tinyloop.backends.cuda.compile import KERNEL_DIR, NvrtcError, compile_options, nvrtc_compile, nvrtc_library  # noqa: E402
 
 ARCHES = ("80", "90")
 ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")

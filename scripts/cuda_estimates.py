@@ -29,13 +29,14 @@ SHAPES = {
     "doc-407m (8 loops)": dict(dim=2048, heads=16, kv=16, hd=128, ffn=8192, mlp="gelu", instances=34, vocab=50257,
                                core_bits=4, head_bits=4, bias=True),
 }
-BLOCK_THREADS = {"linear_rows": 256, "kv_write": 128, "attention": 128, "rms_norm": 256, "layer_norm": 256,
+BLOCK_THREADS = {"linear_rows": 256, "linear_bulk": 256, "kv_write": 128, "attention_merge": 128, "attention": 128, "rms_norm": 256, "layer_norm": 256,
                  "rope_rows": 256, "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256}
 
 
 def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
-    """Codes + float32 scale and min per group of 32 + activations in + outputs out (+ bias)."""
-    return n_out * n_in * bits // 8 + n_out * (n_in // 32) * 8 + n_in * 4 + n_out * 4 + (n_out * 4 if bias else 0)
+    """Codes + f16 scale and min per group of 32 (as GGUF and RTN store them) + activations in
+    + outputs out (+ bias)."""
+    return n_out * n_in * bits // 8 + n_out * (n_in // 32) * 4 + n_in * 4 + n_out * 4 + (n_out * 4 if bias else 0)
 
 
 def step_rows(s: dict) -> list[tuple[str, int, int]]:
@@ -43,13 +44,15 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
+    chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // 256) * 4       # written by pass 1, read by the merge
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         (norm, 3 * d * 4, 2 * n + 1),
         ("linear_rows qkv", packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"]), n),
         ("rope_rows", 2 * (q + kv) * 4 + hd // 2 * 8, n),
         ("kv_write_fp16", 2 * kv * 4 + 2 * kv * 2 + 4, n),
-        ("attention_fp16", 2 * CONTEXT * kv * 2 + 2 * q * 4 + 4, n),
+        ("attention_fp16 (pass 1, 256-key chunks)", 2 * CONTEXT * kv * 2 + q * 4 + chunk_partials + 4, n),
+        ("attention_merge", chunk_partials + q * 4, n),
         ("linear_rows out", packed_linear_bytes(q, d, s["core_bits"], s["bias"]), n),
         ("add (CuPy, residual)", 3 * d * 4, 2 * n),
         ("linear_rows up", packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),

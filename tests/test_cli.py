@@ -48,3 +48,73 @@ def test_generate_stops_at_a_stop_string(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out.rstrip("\n") == full[:full.index(stop)]
     assert captured.err.startswith("[stop]")
+
+
+def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch):
+    """tiny-looped-gpt: 3 KV heads x 16 per layer instance. One token's keys and values
+    together, by hand: packed fp16 2 x 3 x 16 x 2 bytes = 192; int4 2 x 3 x (16/2 codes +
+    4 bytes of f16 scale and min for the one 16-wide group) = 72. The CPU keeps fp16 as
+    float32 with a column of ones on the values: (3 x 16 + 3 x 17) x 4 = 396."""
+    from tinyloop.backends.cuda import device as cuda_device
+    path = tmp_path / "cli.tinyloop"
+    main(["new-model", str(path), "--preset", "tiny-looped-gpt"])
+    assert main(["info", str(path), "--loops", "2", "--context", "64", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "fp16       396 bytes per token per layer instance (packed: 192),     1584 per token" in out
+    assert "int4        72 bytes per token per layer instance,      288 per token" in out
+    monkeypatch.setattr(cuda_device, "cuda_unavailable", lambda: "CuPy is not installed")
+    assert main(["info", str(path), "--loops", "2", "--context", "64", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "on the cuda backend" in out and "fp16       192 bytes per token per layer instance,      768 per token" in out
+
+
+SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
+                   "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE")
+
+
+@pytest.fixture
+def serve_settings(tmp_path, monkeypatch):
+    """Run `tinyloop serve ...` up to the point Granian would start; return the settings the
+    server would read (from the environment the command leaves)."""
+    import granian
+
+    from asgi.settings import Settings
+
+    class NoServer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def serve(self):
+            pass
+    monkeypatch.setattr(granian, "Granian", NoServer)
+    for name in SERVE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TINYLOOP_API_KEY", "k" * 32)
+    path = tmp_path / "m.tinyloop"
+    main(["new-model", str(path)])
+
+    def run(*flags, **env):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert main(["serve", "--model", str(path), *flags]) == 0
+        return Settings.from_env()
+    return run
+
+
+def test_serve_flags_default_to_their_variables(serve_settings, tmp_path):
+    """Each serve flag that mirrors a TINYLOOP_* variable: absent, the variable holds;
+    given, the flag wins."""
+    settings = serve_settings(TINYLOOP_MAX_WAITING="2", TINYLOOP_DEVICE="cpu", TINYLOOP_KV_CACHE="int8",
+                              TINYLOOP_AUTH="0", TINYLOOP_STATE_DIR=str(tmp_path / "state"),
+                              TINYLOOP_EXIT_ON_FAILURE="1")
+    assert (settings.max_waiting, settings.device, settings.kv_mode, settings.auth) == (2, "cpu", "int8", False)
+    assert str(settings.state_dir) == str(tmp_path / "state") and settings.exit_on_failure
+    settings = serve_settings("--max-waiting", "5", "--device", "auto", "--kv-cache", "int4",
+                              "--state-dir", str(tmp_path / "other"))
+    assert (settings.max_waiting, settings.device, settings.kv_mode) == (5, "auto", "int4")
+    assert str(settings.state_dir) == str(tmp_path / "other")
+
+
+def test_serve_defaults_without_flags_or_variables(serve_settings):
+    settings = serve_settings()
+    assert (settings.max_waiting, settings.device, settings.auth, settings.exit_on_failure) == (8, None, True, False)

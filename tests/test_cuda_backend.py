@@ -23,6 +23,7 @@ from tinyloop.engine.speculative import SpeculativeParams
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
 from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
+from tinyloop.quantize.pipeline import quantize_file
 
 MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
 ON_GPU = os.environ.get("TINYLOOP_TEST_DEVICE") == "cuda"
@@ -80,11 +81,14 @@ def tiny_files(tmp_path_factory):
     for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
         paths[preset] = folder / f"{preset}.tinyloop"
         make_test_model(paths[preset], preset, seed=seed)
+        for bits in (4, 8):       # packed weights on the device: the quantized row and bulk kernels
+            paths[f"{preset} int{bits}"] = folder / f"{preset}-int{bits}.tinyloop"
+            quantize_file(paths[preset], paths[f"{preset} int{bits}"], bits, 16, "rtn", progress=False)
     return paths
 
 
-@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preset,mode", [(p, m) for p in ("tiny-looped", "tiny-looped-gpt") for m in MODES]
+                         + [(f"{p} int{b}", "fp16") for p in ("tiny-looped", "tiny-looped-gpt") for b in (4, 8)])
 def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
     """Prefill (bulk kernels) and three decode steps (row kernels): logits within float
     rounding of the CPU backend's, and the same greedy tokens. The two backends round

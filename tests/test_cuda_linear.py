@@ -20,6 +20,11 @@ ODD_GROUP = {"int2": 12, "int4": 6, "int8": 6, "f16": 0, "f32": 0}
 KIND_SCALES = [(k, np.float16) for k in KINDS] + [(k, np.float32) for k in ("int2", "int4", "int8")]
 
 
+def kernel_suffix(kind: str, scale_dtype) -> str:
+    """The kernel a part of `kind` with scales of `scale_dtype` must run on."""
+    return kind + "_f32s" if kind.startswith("int") and scale_dtype == np.float32 else kind
+
+
 def weight_part(kind: str, rng, n_out: int, n_in: int, group: int = 32, act_order: bool = False,
                 scale_dtype=np.float16):
     """One (n_out, n_in) weight part of `kind`: a QuantizedTensor, or a float array."""
@@ -80,6 +85,7 @@ def test_rows_kernel_equals_twin(kernel_device, kind, scale_dtype, rows):
     rng = np.random.default_rng(rows * 10 + KINDS.index(kind))
     n_in = 100
     parts = [weight_part(kind, rng, 21, n_in, ODD_GROUP[kind], scale_dtype=scale_dtype)]   # 21: idle warps
+    assert pack_linear(parts, None, np, keep_f16=True).segments[0].kernel == kernel_suffix(kind, scale_dtype)
     bias = rng.standard_normal(21).astype(np.float32)
     x = inputs(rng, rows, n_in)
     assert_bits_equal(run_kernel(kernel_device, parts, bias, x), twin_rows(parts, bias, x))
@@ -112,6 +118,23 @@ def test_fused_segments_fill_one_output(kernel_device):
     x = inputs(rng, 5, n_in)
     got = run_kernel(kernel_device, parts, bias, x, out_pad=(3, 5), x_pad=(2, 7))
     assert_bits_equal(got, twin_rows(parts, bias, x))
+
+
+def test_f16_and_f32_scale_segments_in_one_output(kernel_device):
+    """Segments with float16 and float32 scales side by side, each on its own kernel; a run
+    that mixes them shares one launch with float32 scales."""
+    rng = np.random.default_rng(31)
+    n_in = 80
+    parts = [weight_part("int4", rng, 7, n_in, act_order=True),
+             weight_part("int4", rng, 6, n_in, act_order=True, scale_dtype=np.float32),
+             weight_part("int4", rng, 5, n_in), weight_part("int4", rng, 4, n_in, scale_dtype=np.float32),
+             weight_part("int8", rng, 3, n_in, group=16), weight_part("int2", rng, 9, n_in, scale_dtype=np.float32)]
+    packed = pack_linear(parts, None, np, keep_f16=True)
+    assert [(s.kernel, s.out_features) for s in packed.segments] == [
+        ("int4", 7), ("int4_f32s", 6), ("int4_f32s", 9), ("int8", 3), ("int2_f32s", 9)]
+    bias = rng.standard_normal(34).astype(np.float32)
+    x = inputs(rng, 3, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, bias, x), twin_rows(parts, bias, x))
 
 
 @pytest.mark.exactness
@@ -158,12 +181,13 @@ def test_rows_kernel_close_to_cpu_backend(kernel_device, kind):
     assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)) + 1e-30)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_bulk_kernel_close_to_reference(kernel_device, kind):
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_bulk_kernel_close_to_reference(kernel_device, kind, scale_dtype):
     """exact=False with 70 rows: the bulk kernel, two row tiles, a partial column tile."""
     rng = np.random.default_rng(17)
     n_in = 75
-    parts = [weight_part(kind, rng, 50, n_in, act_order=kind.startswith("int")), weight_part(kind, rng, 20, n_in)]
+    parts = [weight_part(kind, rng, 50, n_in, act_order=kind.startswith("int"), scale_dtype=scale_dtype),
+             weight_part(kind, rng, 20, n_in, scale_dtype=scale_dtype)]
     bias = rng.standard_normal(70).astype(np.float32)
     x = inputs(rng, 70, n_in)
     expected = twin.linear_bulk_reference(x, pack_linear(parts, bias, np, keep_f16=True))
@@ -192,7 +216,7 @@ def test_packing_round_trip(bits, group, n_in, act_order):
     packed = pack_linear([part, dense, half], None, np, keep_f16=True)
     quantized = packed.segments[0]
     assert quantized.weights.dtype == np.uint8 and quantized.weights.shape[1] % 4 == 0
-    assert quantized.scale.dtype == quantized.min.dtype == np.float32
+    assert quantized.scale.dtype == quantized.min.dtype == np.float16            # RTN's default, kept
     assert packed.segments[1].weights.shape == (3, -(-n_in // 4) * 4)
     assert packed.segments[2].weights.dtype == np.float16 and packed.segments[2].weights.shape[1] % 8 == 0
     weight = twin.dense_weight(packed)                                           # (10, n_in)
@@ -200,6 +224,35 @@ def test_packing_round_trip(bits, group, n_in, act_order):
     assert np.array_equal(weight[5:8], dense) and np.array_equal(weight[8:], half.astype(np.float32))
     assert packed.nbytes == sum(a.nbytes for s in packed.segments
                                 for a in (s.weights, s.scale, s.min, s.perm, s.bias) if a is not None)
+
+
+@pytest.mark.parametrize("scale_dtype,min_dtype,kept", [
+    (np.float16, np.float16, np.float16),        # GGUF Q4_1/Q8_0, RTN, GPTQ run here
+    (np.float32, np.float32, np.float32),        # GPTQ imports
+    (np.float16, np.float32, np.float32),        # a mix: both widened, one dtype per kernel
+    (np.float32, np.float16, np.float32),
+    (np.float64, np.float64, np.float32),
+])
+def test_scales_keep_float16_when_they_can(scale_dtype, min_dtype, kept):
+    rng = np.random.default_rng(1)
+    part = weight_part("int4", rng, 4, 64)
+    part = _bad(part, scale=part.scale.astype(scale_dtype), min=part.min.astype(min_dtype))
+    seg = pack_linear([part], None, np).segments[0]
+    assert seg.scale.dtype == seg.min.dtype == kept
+    assert np.array_equal(seg.scale, part.scale) and np.array_equal(seg.min, part.min)      # values exact
+    # a run of parts shares one dtype: float16 only when every part's is
+    other = weight_part("int4", rng, 3, 64)
+    run = pack_linear([other, part], None, np).segments
+    assert len(run) == 1 and run[0].scale.dtype == run[0].min.dtype == kept
+
+
+@pytest.mark.parametrize("scale_dtype,per_group", [(np.float16, 4), (np.float32, 8)])
+def test_nbytes_counts_the_stored_scales(scale_dtype, per_group):
+    """SmolLM2-135M's q|k|v (576 -> 960), int4 groups of 32, with a bias: codes, scale+min, bias."""
+    rng = np.random.default_rng(2)
+    parts = [weight_part("int4", rng, n, 576, scale_dtype=scale_dtype) for n in (576, 192, 192)]
+    packed = pack_linear(parts, np.zeros(960, np.float32), np)
+    assert packed.nbytes == 960 * 576 // 2 + 960 * (576 // 32) * per_group + 960 * 4
 
 
 def test_f16_parts_widen_unless_kept():

@@ -2,6 +2,7 @@
 semantics. Expected values are written from the CUDA programming guide, not from the
 harness; the kernels are in tests/cudasim/testkernels/."""
 
+import sys
 import time
 from pathlib import Path
 
@@ -92,8 +93,10 @@ def test_shared_memory_is_poisoned_at_each_block_start(order):
     kernels("sync", order).get_function("read_unwritten_shared")(2, 64, (out,))
     assert (out[:64] == 7).all()
     assert (out[64:] == FULL).all()  # block 1 never wrote: poison, not block 0's values
-    kernels("sync", order).get_function("read_unwritten_dynamic")(1, 64, (out,), shared_mem=256)
-    assert (out[:64] == FULL).all()
+    out[:] = 0
+    kernels("sync", order).get_function("read_unwritten_dynamic")(2, 64, (out,), shared_mem=256)
+    assert (out[:64] == 7).all()
+    assert (out[64:] == FULL).all()
 
 
 def test_dynamic_shared_arrays_share_one_address():
@@ -222,6 +225,14 @@ def test_memory_faults_fail_the_launch():
     np.testing.assert_array_equal(out, data)
 
 
+def test_a_spinning_thread_is_stopped_by_the_watchdog(monkeypatch):
+    monkeypatch.setenv("CUDASIM_TIMEOUT", "1")
+    start = time.perf_counter()
+    with pytest.raises(KernelError, match="ran longer than 1 s"):
+        kernels("faults", "reverse").get_function("spin_on_flag")(1, 2, (np.zeros(2, np.int32),))
+    assert time.perf_counter() - start < 5
+
+
 # -- arguments and geometry -----------------------------------------------------------------------------------
 
 def test_argument_type_mismatches_raise_type_error():
@@ -275,7 +286,8 @@ def test_half_conversions_match_numpy():
     rng = np.random.default_rng(2)
     values = rng.standard_normal(20000) * 10.0 ** rng.uniform(-9, 6, 20000)
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 2**-24, 2**-25, 2**-25 * 1.0001,
-               3 * 2**-26, 1 + 2**-11, 1 + 3 * 2**-12]
+               3 * 2**-26, 1 + 2**-11, 1 + 3 * 2**-12,
+               1 + 2**-11 + 2**-40]  # a double just above a half midpoint: rounding via float would tie
     as_double = np.concatenate([values, special])
     as_float = as_double.astype(np.float32)
     n = as_double.size
@@ -305,6 +317,28 @@ def test_half_arithmetic_matches_numpy():
     with np.errstate(over="ignore", divide="ignore"):
         expected = np.stack([a + b, a - b, a * b, a / b])
     assert_same_halves(out.ravel(), expected.ravel())
+
+
+def test_device_api_sample():
+    f, i = np.zeros(15, np.float32), np.zeros(16, np.int32)
+    kernels("api", "random:4").get_function("api_sample")(1, 32, (f, i))
+    np.testing.assert_array_equal(f, [
+        7, 0.25, 3, 0.5, 1, np.inf,
+        1.0, 1 + 2**-10, -(1 + 2**-10),  # half steps are 2^-10 just above 1: rz, ru, rd
+        1.5, 3.5, 1.0, 0.5, 32, 10])
+    np.testing.assert_array_equal(i, [
+        8, 31, 4, -2**31, 2, 4, -2, 2**31 - 1,  # cvt.rni rounds half to even and saturates
+        -4, 4, 0x3F800000, 31, 0x77553311, 2, 1, 0x3C00])
+
+
+def test_half_fma_rounds_once():
+    rng = np.random.default_rng(5)
+    a, b, c = (rng.choice([-1, 1], 30000) * rng.uniform(1 / 16, 8, 30000)).astype(np.float16).reshape(3, -1)
+    out = np.zeros(a.size, np.float16)
+    kernels("types").get_function("half_fma")(8, 128, (out, a, b, c, np.int32(a.size)))
+    # a*b+c of halves in [1/16, 8] spans under 53 bits: exact in float64, so one rounding to half
+    exact = a.astype(np.float64) * b + c
+    np.testing.assert_array_equal(out, exact.astype(np.float16))
 
 
 # -- compilation and speed ------------------------------------------------------------------------------------
@@ -363,6 +397,37 @@ def test_fixture_loads_modules_by_name(kernel_device, monkeypatch):
     device.module("types").get_function("saxpy")(4, 32, (y, x, np.float32(2), np.int32(100)))
     np.testing.assert_array_equal(device.to_host(y), 2 * np.arange(100) + 1)
     assert np.isnan(device.empty(3)).all() and (device.zeros((2, 2), np.int32) == 0).all()
+
+
+def test_fixture_runs_on_cupy_when_asked_and_a_gpu_is_seen(monkeypatch):
+    compiled = []
+
+    class FakeCupy:  # just enough of CuPy's surface for the fixture's wiring
+        class cuda:
+            class runtime:
+                @staticmethod
+                def getDeviceCount():
+                    return 1
+
+        @staticmethod
+        def RawModule(code, options):
+            compiled.append((code, options))
+            return "module"
+
+        asarray = staticmethod(np.asarray)
+        asnumpy = staticmethod(np.asarray)
+
+    monkeypatch.setitem(sys.modules, "cupy", FakeCupy)
+    monkeypatch.setenv("TINYLOOP_TEST_DEVICE", "cuda")
+    kd._cupy_or_none.cache_clear()
+    monkeypatch.setattr(kd, "_devices", {})
+    try:
+        assert kd.device_names(("id",)) == ["cuda"]
+        device = kd._device("cuda")
+        assert device.is_gpu and device.xp is FakeCupy and device.module("attention") == "module"
+        assert compiled[0][1] == ("-std=c++17", f"-I{kd.CUDA_DIR}")
+    finally:
+        kd._cupy_or_none.cache_clear()
 
 
 @pytest.mark.kernel_orders("reverse")

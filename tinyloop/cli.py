@@ -52,7 +52,6 @@ def cmd_generate(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from tinyloop.backends.select import select_backend
     from tinyloop.kv.cache import cache_bytes
     from tinyloop.kv.modes import KV_MODES, packed_bytes_per_row
     from tinyloop.model.modelfile import ModelFile
@@ -79,17 +78,39 @@ def cmd_info(args) -> int:
         c.check_loops(loops)
         context = args.context or c.max_seq_len
         instances = c.n_layer_instances(loops)
-        backend = select_backend(args.device)
+        backend = _sizing_backend(args.device)
         print(f"KV cache at loops={loops} ({instances} layer instances), context {context}, "
               f"on the {backend.name} backend:")
         for mode in KV_MODES:
-            per_instance = 2 * backend.kv_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
-            packed = 2 * packed_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
+            per_instance = backend.kv_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
+            packed = packed_bytes_per_row(mode, c.n_kv_heads, c.head_dim)
             total = cache_bytes(backend, instances, c.n_kv_heads, c.head_dim, context, mode)
             note = f" (packed: {packed})" if packed != per_instance else ""
             print(f"  {mode:<7} {per_instance:>6} bytes per token per layer instance{note}, "
                   f"{per_instance * instances:>8} per token, {total / 2**20:>9.1f} MiB")
     return 0
+
+
+class _CudaSizes:
+    """The CUDA backend's KV sizes (the packed layout) on a machine without a GPU, for
+    planning a GPU deployment: `tinyloop info --device cuda` needs no device."""
+    name = "cuda"
+
+    @staticmethod
+    def kv_bytes_per_row(mode, n_kv, head_dim):
+        from tinyloop.kv.modes import packed_bytes_per_row
+        return packed_bytes_per_row(mode, n_kv, head_dim)
+
+
+def _sizing_backend(device):
+    import os
+
+    from tinyloop.backends.select import select_backend
+    if (device or os.environ.get("TINYLOOP_DEVICE") or "").lower() == "cuda":
+        from tinyloop.backends.cuda.device import cuda_unavailable
+        if cuda_unavailable():
+            return _CudaSizes()
+    return select_backend(device)
 
 
 def cmd_new_model(args) -> int:
@@ -122,7 +143,10 @@ def cmd_serve(args) -> int:
         model = str(ensure_default_model())
     if not os.path.exists(model):
         raise TinyLoopError(f"model file not found: {model}")
-    env = {"TINYLOOP_MODEL_PATH": os.path.abspath(model), "TINYLOOP_MAX_WAITING": str(args.max_waiting)}
+    # a flag overrides its TINYLOOP_* variable; a flag not given leaves the variable (or its default) in force
+    env = {"TINYLOOP_MODEL_PATH": os.path.abspath(model)}
+    if args.max_waiting is not None:
+        env["TINYLOOP_MAX_WAITING"] = str(args.max_waiting)
     if args.no_auth:
         env["TINYLOOP_AUTH"] = "0"
     if args.state_dir:
@@ -234,12 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "else the default model, pulled on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-waiting", type=int, default=8,
-                   help="requests that may wait while one generates; more get 429 (default 8)")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests that may wait while one generates; more get 429 "
+                        "(default: $TINYLOOP_MAX_WAITING or 8)")
     p.add_argument("--no-auth", action="store_true", help="turn API-key authentication off")
     p.add_argument("--state-dir", default=None, help="where the API key file lives "
                                                     "(default $XDG_STATE_HOME/tinyloop)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda")
+    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.add_argument("--exit-on-failure", action="store_true",
                    help="exit the worker after an engine failure so a supervisor restarts it")
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,

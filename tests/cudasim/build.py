@@ -1,9 +1,11 @@
 """Compile a .cu file with g++ into a cached shared library the harness can launch.
 
-The generated translation unit is: the shim prelude (cuda_runtime.h), the kernel source
-included unchanged, a definition for each `extern __shared__` array, and per kernel two
-exported C functions (launch, parameter codes). The runtime (runtime/*.cpp) is compiled
-once per harness version into objects every kernel library links in.
+The source is first preprocessed to find its kernels and `extern __shared__` arrays after
+macro expansion. The generated translation unit is then: the shim prelude
+(cuda_runtime.h), the kernel source included unchanged, the storage the `extern
+__shared__` arrays alias, and per kernel two exported C functions (launch, parameter
+codes). The runtime (runtime/*.cpp) is compiled once per harness version into objects
+every kernel library links in.
 """
 
 import contextlib
@@ -26,7 +28,7 @@ CXX = os.environ.get("CUDASIM_CXX", "g++")
 # kernel frame probes the fiber's guard page instead of jumping over it.
 FLAGS = ["-O2", "-std=c++17", "-fno-strict-aliasing", "-ffp-contract=off", "-fvisibility=hidden", "-mf16c",
          "-fPIC", "-fno-math-errno", "-fstack-clash-protection", "-w"]
-# Room reserved for each `extern __shared__` array: the GPU's largest opt-in size.
+# Bytes of the region every `extern __shared__` array aliases: the GPU's largest opt-in size.
 DYNAMIC_SHARED_CAPACITY = 227 * 1024
 # NVRTC options that have no meaning for g++ and are dropped.
 _IGNORED_OPTIONS = ("-arch", "--gpu-architecture", "-lineinfo", "--generate-line-info", "-G", "--device-debug",
@@ -178,7 +180,8 @@ def harness_digest() -> str:
     """Changes whenever the shim headers, the runtime, this builder or the compiler change."""
     global _harness_digest
     if _harness_digest is None:
-        h = hashlib.sha256(subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout.encode())
+        version = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
+        h = hashlib.sha256(version.encode())
         h.update(" ".join(FLAGS).encode())
         for file in sorted([*INCLUDE_DIR.rglob("*"), *RUNTIME_DIR.rglob("*"), Path(__file__).resolve()]):
             if file.is_file():
@@ -239,7 +242,8 @@ def build(path: Path, options=()) -> tuple:
     if not (library.exists() and listing.exists()):
         prune_cache()
         kernels, dynamic = scan(path, options)
-        unit = base.with_suffix(".cpp")
+        # Per-process temporary names: concurrent test processes may build the same key.
+        unit = base.with_suffix(f".{os.getpid()}.cpp")
         unit.write_text(generate_unit(path, kernels, dynamic))
         tmp = base.with_suffix(f".{os.getpid()}.tmp.so")
         command = [CXX, *FLAGS, "-shared", "-I", str(INCLUDE_DIR), "-I", str(path.parent), *options, str(unit),
@@ -249,5 +253,6 @@ def build(path: Path, options=()) -> tuple:
         tmp_listing.write_text(json.dumps([[k.name, [[p.name, p.declaration] for p in k.params]] for k in kernels]))
         os.replace(tmp, library)
         os.replace(tmp_listing, listing)
+        os.replace(unit, base.with_suffix(".cpp"))  # kept next to the library, for debugging
     kernels = [KernelDecl(name, tuple(Param(*p) for p in params)) for name, params in json.loads(listing.read_text())]
     return library, kernels

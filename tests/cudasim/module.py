@@ -2,6 +2,7 @@
 `module.get_function(name)(grid, block, args, shared_mem=0)` on NumPy arrays."""
 
 import ctypes
+import os
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ _ORDER_KINDS = {"id": 0, "reverse": 1}
 _LAUNCH_LOCK = threading.Lock()
 _LIBRARIES = {}  # shared library path -> ctypes.CDLL
 DEFAULT_MAX_DYNAMIC_SHARED = 48 * 1024  # the GPU's limit until a kernel opts in to more
+DEFAULT_TIMEOUT_SECONDS = 60  # a launch running longer fails (CUDASIM_TIMEOUT overrides; 0: never)
 
 
 class KernelError(RuntimeError):
@@ -23,7 +25,7 @@ class KernelError(RuntimeError):
 
 class LaunchConfig(ctypes.Structure):  # mirrors cudasim::LaunchConfig (include/cudasim/launch.h)
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_ulonglong),
-                ("order", ctypes.c_int), ("reserved", ctypes.c_int), ("seed", ctypes.c_ulonglong)]
+                ("order", ctypes.c_int), ("timeout_seconds", ctypes.c_int), ("seed", ctypes.c_ulonglong)]
 
 
 def parse_order(order: str) -> tuple:
@@ -107,13 +109,13 @@ class Function:
         if not 0 <= int(shared_mem) <= self.max_dynamic_shared_size_bytes:
             raise ValueError(f"shared_mem must be in [0, {self.max_dynamic_shared_size_bytes}] (raise "
                              f"max_dynamic_shared_size_bytes as on CuPy, up to 227 KiB), got {shared_mem}")
-        slots, pointers = self._pack(args)  # slots must outlive the call
+        _slots, pointers = self._pack(args)  # the slots back the pointers: alive until we return
         kind, seed = self._module.order_kind
-        config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem), kind, 0,
-                              seed)
+        timeout = int(os.environ.get("CUDASIM_TIMEOUT", DEFAULT_TIMEOUT_SECONDS))
+        config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem), kind,
+                              timeout, seed)
         with _LAUNCH_LOCK:
             failed = self._launch(ctypes.byref(config), pointers)
-            del slots
             message = self._error().decode(errors="replace") if failed else ""
         if failed:
             raise KernelError(f"{self.name}<<<{grid}, {block}>>> ({self._module.order} order) failed: {message}")

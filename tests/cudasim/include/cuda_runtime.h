@@ -15,9 +15,6 @@
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
-#include <limits>
-#include <cstdint>
-#include <type_traits>
 
 // CUDASIM_SCAN: the harness preprocesses a source once with these two kept, to find its
 // kernels and dynamic shared arrays after macro expansion.

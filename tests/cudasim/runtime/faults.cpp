@@ -4,9 +4,14 @@
 // failure and switches straight back to the scheduler; the faulting fiber is abandoned.
 // A fault anywhere else goes to whatever handler was installed before the launch.
 // `assert` in a kernel reaches the __assert_fail below instead of glibc's abort().
+// A watchdog timer does the same for a launch that runs too long: fibers only switch at
+// barriers and warp collectives, so a thread spinning on a value another thread must
+// write never finishes here.
 #include <assert.h>
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 
@@ -22,6 +27,12 @@ struct sigaction g_previous[kSignalCount];
 stack_t g_previous_stack;
 pthread_t g_launch_thread;
 alignas(64) char g_alt_stack[64 * 1024];
+timer_t g_watchdog;
+bool g_watchdog_armed = false;
+struct sigaction g_previous_watchdog;
+int g_timeout_seconds = 0;
+
+int watchdog_signal() { return SIGRTMIN + 7; }  // glibc keeps the first two for itself; Python uses none
 
 int signal_slot(int sig) {
     for (int i = 0; i < kSignalCount; ++i)
@@ -53,9 +64,36 @@ void on_fault(int sig, siginfo_t* info, void*) {
         fail("signal %d (%s) at address %p", sig, sig == SIGBUS ? "bus error" : "arithmetic exception", address);
 }
 
+void on_watchdog(int, siginfo_t*, void*) {
+    // Fires every half second after the timeout; only a running fiber can be stuck.
+    if (g_sched.current && pthread_equal(pthread_self(), g_launch_thread))
+        fail("the launch ran longer than %d s: an endless loop, or a thread spinning on a value another "
+             "thread must write (simulated threads switch only at barriers and warp collectives; "
+             "CUDASIM_TIMEOUT sets the limit)", g_timeout_seconds);
+}
+
+void arm_watchdog(int seconds) {
+    g_timeout_seconds = seconds;
+    struct sigaction action {};
+    action.sa_sigaction = on_watchdog;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(watchdog_signal(), &action, &g_previous_watchdog);
+    sigevent event{};
+    event.sigev_notify = SIGEV_THREAD_ID;
+    event.sigev_signo = watchdog_signal();
+    event._sigev_un._tid = gettid();
+    g_watchdog_armed = timer_create(CLOCK_MONOTONIC, &event, &g_watchdog) == 0;
+    if (!g_watchdog_armed) return;
+    itimerspec when{};
+    when.it_value.tv_sec = seconds;
+    when.it_interval.tv_nsec = 500 * 1000 * 1000;
+    timer_settime(g_watchdog, 0, &when, nullptr);
+}
+
 }  // namespace
 
-void install_fault_handlers() {
+void install_fault_handlers(int timeout_seconds) {
     g_launch_thread = pthread_self();
     stack_t alt{};
     alt.ss_sp = g_alt_stack;
@@ -68,9 +106,16 @@ void install_fault_handlers() {
     action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
     sigemptyset(&action.sa_mask);
     for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &action, &g_previous[i]);
+    if (timeout_seconds > 0) arm_watchdog(timeout_seconds);
 }
 
 void restore_fault_handlers() {
+    if (g_watchdog_armed) {
+        timer_delete(g_watchdog);  // a signal it already raised is delivered as this returns, to on_watchdog
+        g_watchdog_armed = false;
+    }
+    if (g_timeout_seconds > 0) sigaction(watchdog_signal(), &g_previous_watchdog, nullptr);
+    g_timeout_seconds = 0;
     for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
     sigaltstack(&g_previous_stack, nullptr);
 }

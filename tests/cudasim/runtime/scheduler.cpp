@@ -227,7 +227,7 @@ int launch(const LaunchConfig* config, void (*body)(void**), void** args, void* 
     // 2 KiB per thread keeps small launches cheap.
     g_sched.stacks.poison((int)(blockDim.x * blockDim.y * blockDim.z), 2048);
     shared_memory_begin_launch(dynamic, capacity);
-    install_fault_handlers();
+    install_fault_handlers(config->timeout_seconds);
     for (unsigned b : block_order) {
         blockIdx = uint3{b % gridDim.x, (b / gridDim.x) % gridDim.y, b / (gridDim.x * gridDim.y)};
         shared_memory_begin_block(config->shared_mem);
@@ -235,6 +235,7 @@ int launch(const LaunchConfig* config, void (*body)(void**), void** args, void* 
         if (g_sched.failed) break;
     }
     restore_fault_handlers();
+    std::fflush(stdout);  // kernel printf output appears with its launch
     return g_sched.failed ? 1 : 0;
 }
 

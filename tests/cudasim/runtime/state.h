@@ -74,8 +74,8 @@ CUDASIM_HIDDEN bool try_complete(Warp& warp, int warp_index, unsigned mask);
 // Name of a WarpOp for messages.
 CUDASIM_HIDDEN const char* warp_op_name(int op);
 
-// Fault handlers around one launch (faults.cpp).
-CUDASIM_HIDDEN void install_fault_handlers();
+// Fault handlers and the watchdog (0: none) around one launch (faults.cpp).
+CUDASIM_HIDDEN void install_fault_handlers(int timeout_seconds);
 CUDASIM_HIDDEN void restore_fault_handlers();
 
 // Shared memory: the module's thread_local storage (shared_memory.cpp).

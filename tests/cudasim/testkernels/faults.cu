@@ -27,3 +27,17 @@ __device__ __noinline__ int recurse(int depth) {
 extern "C" __global__ void deep_recursion(int* out, int depth) { out[threadIdx.x] = recurse(depth); }
 
 extern "C" __global__ void divide(int* out, int divisor) { out[threadIdx.x] = 1000 / divisor; }
+
+// Thread 1 spins until thread 0 sets a flag, with no barrier in between: on the harness,
+// where threads switch only at barriers and warp collectives, it never sees the flag.
+extern "C" __global__ void spin_on_flag(int* out) {
+    __shared__ volatile int flag;
+    if (threadIdx.x == 1) {
+        flag = 0;
+        while (flag == 0) {
+        }
+    } else {
+        flag = 1;
+    }
+    out[threadIdx.x] = 1;
+}

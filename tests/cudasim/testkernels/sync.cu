@@ -67,7 +67,9 @@ extern "C" __global__ void read_unwritten_shared(unsigned int* out) {
 
 extern "C" __global__ void read_unwritten_dynamic(unsigned int* out) {
     extern __shared__ unsigned int words[];
-    out[threadIdx.x] = words[threadIdx.x];
+    if (blockIdx.x == 0) words[threadIdx.x] = 7u;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = words[threadIdx.x];
 }
 
 // A local array on the thread's stack (volatile keeps it in memory), written by one launch

@@ -43,3 +43,8 @@ extern "C" __global__ void saxpy(float* y, const float* __restrict__ x, float a,
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), y[i]);
 }
+
+extern "C" __global__ void half_fma(__half* out, const __half* a, const __half* b, const __half* c, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = __hfma(a[i], b[i], c[i]);
+}

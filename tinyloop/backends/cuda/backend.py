@@ -34,7 +34,7 @@ from tinyloop.backends.cuda.launch.kv import DeviceKV
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.backends.cuda.launch.sampling import TOPK_MAX
 from tinyloop.kv.modes import packed_bytes_per_row
-from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.limits import ATTENTION_BLOCK, MAX_FORWARD_ROWS
 from tinyloop.model.quant import QuantizedTensor, dequantize
 
 NO_TREE = attention_launch.NO_TREE
@@ -62,6 +62,7 @@ class CudaBackend(Backend):
         self.graphs = graphs_enabled() if graphs is None else graphs
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
+        self._attention_scratch = None   # float32 partials of split-context attention
 
     def _module(self, name: str):
         return self.device.module(name)
@@ -192,8 +193,20 @@ class CudaBackend(Backend):
     def attention(self, q, storage: DeviceKV, slot, plan, scale):
         d = self.device_plan(plan)
         out = self._empty(q.shape)
+        scratch = None                       # a prefill's partials: the launcher sizes them
+        if q.shape[0] <= MAX_FORWARD_ROWS:
+            chunks = attention_launch.max_chunks(storage.rows, d.window, d.ring_blocks, d.shared_end, d.tail_len)
+            scratch = self._scratch(attention_launch.scratch_floats(q.shape[0], q.shape[1], q.shape[2], chunks))
         return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
-                                          d.ring_blocks, d.shared_end, d.tail_rows, d.tail_len, scale, out)
+                                          d.ring_blocks, d.shared_end, d.tail_rows, d.tail_len, scale, out,
+                                          scratch=scratch)
+
+    def _scratch(self, n_floats: int):
+        """The chunk partials of a step's attention: one buffer, reused by every layer (one
+        stream orders them) and by a captured graph (allocated before, in the warm-up step)."""
+        if self._attention_scratch is None or self._attention_scratch.size < n_floats:
+            self._attention_scratch = self.xp.empty(n_floats, np.float32)
+        return self._attention_scratch[:n_floats]
 
     def kv_copy_rows(self, storage: DeviceKV, source, target):
         source, target = np.asarray(source), np.asarray(target)

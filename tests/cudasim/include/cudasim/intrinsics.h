@@ -66,23 +66,24 @@ CUDASIM_FN double __hiloint2double(int hi, int lo) {
 // Float -> integer conversions saturate and send NaN to 0, as cvt.*i.s32.f32 does
 // (a C cast would be undefined behaviour out of range).
 template <class I>
-CUDASIM_FN I cudasim_float_to_int(double rounded) {
+CUDASIM_FN I cudasim_float_to_int(double rounded, double lowest, double highest, I lowest_int, I highest_int) {
     if (rounded != rounded) return 0;
-    if (rounded <= (double)std::numeric_limits<I>::min()) return std::numeric_limits<I>::min();
-    if (rounded >= (double)std::numeric_limits<I>::max()) return std::numeric_limits<I>::max();
+    if (rounded <= lowest) return lowest_int;
+    if (rounded >= highest) return highest_int;
     return (I)rounded;
 }
-#define CUDASIM_CVT(suffix, I, name)                                                              \
-    CUDASIM_FN I __float2##name##_rn(float x) { return cudasim_float_to_int<I>(__builtin_rintf(x)); }   \
-    CUDASIM_FN I __float2##name##_rz(float x) { return cudasim_float_to_int<I>(__builtin_truncf(x)); }  \
-    CUDASIM_FN I __float2##name##_rd(float x) { return cudasim_float_to_int<I>(__builtin_floorf(x)); }  \
-    CUDASIM_FN I __float2##name##_ru(float x) { return cudasim_float_to_int<I>(__builtin_ceilf(x)); }   \
-    CUDASIM_FN I __double2##name##_rn(double x) { return cudasim_float_to_int<I>(__builtin_rint(x)); }  \
-    CUDASIM_FN I __double2##name##_rz(double x) { return cudasim_float_to_int<I>(__builtin_trunc(x)); }
-CUDASIM_CVT(i, int, int)
-CUDASIM_CVT(u, unsigned, uint)
-CUDASIM_CVT(ll, long long, ll)
-CUDASIM_CVT(ull, unsigned long long, ull)
+#define CUDASIM_CVT(I, name, LOW, HIGH)                                                               \
+    CUDASIM_FN I cudasim_to_##name(double x) { return cudasim_float_to_int<I>(x, LOW, HIGH, LOW, HIGH); } \
+    CUDASIM_FN I __float2##name##_rn(float x) { return cudasim_to_##name(__builtin_rintf(x)); }          \
+    CUDASIM_FN I __float2##name##_rz(float x) { return cudasim_to_##name(__builtin_truncf(x)); }         \
+    CUDASIM_FN I __float2##name##_rd(float x) { return cudasim_to_##name(__builtin_floorf(x)); }         \
+    CUDASIM_FN I __float2##name##_ru(float x) { return cudasim_to_##name(__builtin_ceilf(x)); }          \
+    CUDASIM_FN I __double2##name##_rn(double x) { return cudasim_to_##name(__builtin_rint(x)); }         \
+    CUDASIM_FN I __double2##name##_rz(double x) { return cudasim_to_##name(__builtin_trunc(x)); }
+CUDASIM_CVT(int, int, -__INT_MAX__ - 1, __INT_MAX__)
+CUDASIM_CVT(unsigned, uint, 0u, __INT_MAX__ * 2u + 1u)
+CUDASIM_CVT(long long, ll, -__LONG_LONG_MAX__ - 1, __LONG_LONG_MAX__)
+CUDASIM_CVT(unsigned long long, ull, 0ull, __LONG_LONG_MAX__ * 2ull + 1ull)
 #undef CUDASIM_CVT
 CUDASIM_FN float __int2float_rn(int x) { return (float)x; }
 CUDASIM_FN float __uint2float_rn(unsigned x) { return (float)x; }

@@ -3,6 +3,7 @@
 // and two exported C functions (launch, parameter codes) that ctypes can call.
 #pragma once
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 #include "cuda_fp16.h"
 
@@ -14,7 +15,7 @@ struct LaunchConfig {
     unsigned int block[3];
     unsigned long long shared_mem;
     int order;                // 0: thread id order, 1: reverse, 2: seeded random
-    int reserved;
+    int timeout_seconds;      // the watchdog fails a launch running longer (0: none)
     unsigned long long seed;
 };
 

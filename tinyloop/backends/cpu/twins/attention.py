@@ -1,19 +1,25 @@
 """Twin of cuda/attention.cu: exact attention over the stored KV cache, float32 op for op.
 
-Vectorised over queries, kv heads and query heads; the loop runs over absolute logical
-64-key blocks, and a query whose own range lowest // 64 .. pos // 64 does not hold the
-block keeps its state unchanged (the kernel never visits that block for it).
+Vectorised over queries, kv heads and query heads. The kernel splits each query's blocks
+into fixed chunks: chunk c is the absolute logical blocks [c S, (c + 1) S), S =
+CHUNK_BLOCKS, clipped to the query's own range first = lowest // 64 .. last = pos // 64.
+The twin loops over absolute chunks and, inside each, over absolute blocks; a query whose
+own range does not hold a block keeps its chunk state unchanged (the kernel never visits
+that block for it), and a chunk outside its range first // S .. last // S is never merged.
 
 Per query head, as the kernel's header comment says:
     q' = (int4-h: fwht(q) * norm) * scale
-    per block in increasing order:
+    per chunk (pass 1), from m = -inf, acc = 0, and per block of it in increasing order:
         s_j = dot(q', k_j): four running sums over d = r, r + 4, ... from +0, then
               (c0 + c1) + (c2 + c3); masked keys -inf
         bm = max_j s_j; bm = -inf leaves the state unchanged
         m' = max(m, bm); corr = exp(m - m'); p_j = exp(s_j - m')
         acc[d] = acc[d] * corr + tree_j(p_j v_j[d]), and l the same with v = 1;
               masked terms exactly +0; tree = adjacent pairwise sum over 64 keys
-    out = acc / l, then (int4-h) fwht(out) * norm
+    merge (pass 2), from M = -inf, A = 0, per chunk in increasing order, skipping m = -inf:
+        M' = max(M, m); a = exp(M - M'); b = exp(m - M')
+        A[d] = A[d] * a + acc[d] * b, and L the same with l; M = M'
+    out = A / L, then (int4-h) fwht(out) * norm
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from tinyloop.model.quant import unpack_codes
 
 F = np.float32
 NO_TREE = 1 << 30                 # shared_end without a draft tree
+CHUNK_BLOCKS = 4                  # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS)
 
 
 def dequantize(mode: str, side: dict, slot: int, rows: np.ndarray) -> np.ndarray:
@@ -79,35 +86,49 @@ def attention(mode: str, q: np.ndarray, keys: dict, values: dict, slot: int, pos
     if mode == "int4-h":
         qg = fwht(qg)
     qg = qg * F(scale)
-    acc = np.zeros((n_queries, n_kv, group, head_dim + 1), F)              # value sums, then l
-    m = np.full((n_queries, n_kv, group), -np.inf, F)
+    chunk_first, chunk_last = first // CHUNK_BLOCKS, last // CHUNK_BLOCKS
+    merged = np.zeros((n_queries, n_kv, group, head_dim + 1), F)           # A, then L
+    merged_max = np.full((n_queries, n_kv, group), -np.inf, F)
     j = np.arange(BLOCK)
     with np.errstate(invalid="ignore", over="ignore"):
-        for b in range(int(first.min()), int(last.max()) + 1):
-            k = b * BLOCK + j
-            visible = (k >= lowest[:, None]) & (k <= pos[:, None]) & ((first <= b) & (b <= last))[:, None]
-            if tail_rows is not None and b >= shared_end:
-                index = (b - shared_end) * BLOCK + j
-                tail = np.asarray(tail_rows)
-                rows = np.where(index < tail.shape[1], tail[:, np.minimum(index, tail.shape[1] - 1)], 0)
-            else:
-                rows = np.broadcast_to((b % ring_blocks if ring_blocks else b) * BLOCK + j, (n_queries, BLOCK))
-            rows = np.where(visible, rows, 0)                               # (T, 64); masked: never used
-            key_block = dequantize(mode, keys, slot, rows).transpose(1, 0, 2, 3)        # (T, n_kv, 64, hd)
-            value_block = dequantize(mode, values, slot, rows).transpose(1, 0, 2, 3)
-            mask = visible[:, None, None, :]                                # (T, 1, 1, 64)
-            scores = np.where(mask, dot4(qg[:, :, :, None, :], key_block[:, :, None]), F(-np.inf))
-            block_max = np.fmax.reduce(scores, axis=-1)                     # (T, n_kv, G)
-            empty = block_max == -np.inf
-            m_new = np.fmax(m, block_max)
-            corr = exp_f32(m - m_new)
-            p = exp_f32(scores - m_new[..., None])                          # (T, n_kv, G, 64)
-            terms = np.concatenate([p[..., None] * value_block[:, :, None], p[..., None]], axis=-1)
-            terms = np.where(mask[..., None], terms, F(0))                  # (T, n_kv, G, 64, hd + 1)
-            updated = acc * corr[..., None] + tree_sum(terms, axis=-2)
-            acc = np.where(empty[..., None], acc, updated)
-            m = np.where(empty, m, m_new)
-    out = acc[..., :head_dim] / acc[..., head_dim:]
+        for c in range(int(chunk_first.min()), int(chunk_last.max()) + 1):
+            # pass 1: this chunk's partial (acc, l, m) for every query
+            acc = np.zeros((n_queries, n_kv, group, head_dim + 1), F)      # value sums, then l
+            m = np.full((n_queries, n_kv, group), -np.inf, F)
+            for b in range(max(c * CHUNK_BLOCKS, int(first.min())), min((c + 1) * CHUNK_BLOCKS, int(last.max()) + 1)):
+                k = b * BLOCK + j
+                visible = (k >= lowest[:, None]) & (k <= pos[:, None]) & ((first <= b) & (b <= last))[:, None]
+                if tail_rows is not None and b >= shared_end:
+                    index = (b - shared_end) * BLOCK + j
+                    tail = np.asarray(tail_rows)
+                    rows = np.where(index < tail.shape[1], tail[:, np.minimum(index, tail.shape[1] - 1)], 0)
+                else:
+                    rows = np.broadcast_to((b % ring_blocks if ring_blocks else b) * BLOCK + j, (n_queries, BLOCK))
+                rows = np.where(visible, rows, 0)                           # (T, 64); masked: never used
+                key_block = dequantize(mode, keys, slot, rows).transpose(1, 0, 2, 3)        # (T, n_kv, 64, hd)
+                value_block = dequantize(mode, values, slot, rows).transpose(1, 0, 2, 3)
+                mask = visible[:, None, None, :]                            # (T, 1, 1, 64)
+                scores = np.where(mask, dot4(qg[:, :, :, None, :], key_block[:, :, None]), F(-np.inf))
+                block_max = np.fmax.reduce(scores, axis=-1)                 # (T, n_kv, G)
+                empty = block_max == -np.inf
+                m_new = np.fmax(m, block_max)
+                corr = exp_f32(m - m_new)
+                p = exp_f32(scores - m_new[..., None])                      # (T, n_kv, G, 64)
+                terms = np.concatenate([p[..., None] * value_block[:, :, None], p[..., None]], axis=-1)
+                terms = np.where(mask[..., None], terms, F(0))              # (T, n_kv, G, 64, hd + 1)
+                updated = acc * corr[..., None] + tree_sum(terms, axis=-2)
+                acc = np.where(empty[..., None], acc, updated)
+                m = np.where(empty, m, m_new)
+            # pass 2: merge the chunk into the queries that have it, unless it is empty
+            has = ((chunk_first <= c) & (c <= chunk_last))[:, None, None]  # (T, 1, 1)
+            skip = ~has | (m == -np.inf)
+            m_new = np.fmax(merged_max, m)
+            corr_old = exp_f32(merged_max - m_new)[..., None]
+            corr_new = exp_f32(m - m_new)[..., None]
+            merged = np.where(skip[..., None], merged, merged * corr_old + acc * corr_new)
+            merged_max = np.where(skip, merged_max, m_new)
+    with np.errstate(invalid="ignore", divide="ignore"):     # a query that sees no finite score: 0 / 0
+        out = merged[..., :head_dim] / merged[..., head_dim:]
     if mode == "int4-h":
         out = fwht(out)
     return out.reshape(n_queries, n_heads, head_dim).astype(F)

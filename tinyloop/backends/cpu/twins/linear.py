@@ -37,7 +37,9 @@ def stored_weights(seg: LinearSegment) -> np.ndarray:
                       for slot in range(per_byte)], axis=2)            # (out, bytes, per_byte)
     codes = codes.reshape(packed.shape[0], -1).astype(F)              # (out, columns)
     group = np.minimum(np.arange(codes.shape[1]) // seg.group_size, seg.groups - 1)   # (columns,)
-    scale, minimum = np.asarray(seg.scale)[:, group], np.asarray(seg.min)[:, group]   # (out, columns)
+    # float16 scales and mins widen exactly, as the kernel's __half2float
+    scale = np.asarray(seg.scale).astype(F)[:, group]                  # (out, columns)
+    minimum = np.asarray(seg.min).astype(F)[:, group]
     return codes * scale + minimum                                     # two float32 roundings
 
 

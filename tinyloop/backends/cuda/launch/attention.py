@@ -1,5 +1,12 @@
 """Launch geometry for cuda/attention.cu (exact decode / verify / draft-tree attention).
-The twin is tinyloop/backends/cpu/twins/attention.py."""
+The twin is tinyloop/backends/cpu/twins/attention.py.
+
+The context of every query is split into fixed chunks of CHUNK_BLOCKS 64-key blocks
+(cuda/README.md "Attention: split context"): pass 1 (attention_<mode>, grid (T, n_kv,
+max_chunks)) writes one partial per chunk into a scratch buffer, pass 2 (attention_merge,
+grid (T, n_kv)) merges them in chunk order. max_chunks comes from the cache's geometry
+(rows, window, ring, tree tail), never from the positions, which live on the device (and
+change under a replayed CUDA graph)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,17 +14,55 @@ import numpy as np
 from tinyloop.backends.cuda.launch.kv import DeviceKV
 from tinyloop.limits import ATTENTION_BLOCK
 
-ATT_THREADS = 128            # one block per (query, kv head): 4 warps
+ATT_THREADS = 128            # one block per (query, kv head, chunk): 4 warps
 NO_TREE = 1 << 30            # shared_end when there is no draft tree
+CHUNK_BLOCKS = 4             # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS, the twin's)
+SCRATCH_BUDGET = 128 << 20   # bytes of partials one call allocates at most when not given a scratch
+MAX_GRID_Z = 65535
 DEFAULT_SHARED_LIMIT = 48 * 1024
 KERNELS = {"fp16": "attention_fp16", "fp32": "attention_fp32", "int8": "attention_int8",
            "int4": "attention_int4", "int4-h": "attention_int4h"}
+MERGE_KERNEL = "attention_merge"
 
 
 def shared_bytes(group: int, head_dim: int) -> int:
-    """Dynamic shared memory of one block: the group's queries (G, hd), a 64-row tile of keys
-    or values with an odd row stride, scores (G, 64), sums (G hd + G), max, corr, skip (G each)."""
+    """Dynamic shared memory of one pass-1 block: the group's queries (G, hd), a 64-row tile of
+    keys or values with an odd row stride, scores (G, 64), sums (G hd + G), max, corr, skip (G each)."""
     return 4 * (2 * group * head_dim + ATTENTION_BLOCK * (head_dim | 1) + (ATTENTION_BLOCK + 4) * group)
+
+
+def merge_shared_bytes(group: int, head_dim: int) -> int:
+    """Dynamic shared memory of one pass-2 block: the group's outputs (G, hd)."""
+    return 4 * group * head_dim
+
+
+def max_chunks(rows: int, window: int, ring_blocks: int, shared_end: int = NO_TREE, tail_len: int = 0) -> int:
+    """The most chunks one query can span in a cache of `rows` physical rows: with a window,
+    (window + 62) // 64 + 1 blocks at most, so (blocks + S - 2) // S + 1 chunks; without a
+    ring, positions stay below the rows (or below the tree tail's end), so (last block) // S + 1.
+    A ring without a window bounds nothing (and is no cache TinyLoop builds)."""
+    bounds = []
+    if window:
+        blocks = (window + ATTENTION_BLOCK - 2) // ATTENTION_BLOCK + 1
+        bounds.append((blocks + CHUNK_BLOCKS - 2) // CHUNK_BLOCKS + 1)
+    if not ring_blocks:
+        last = (rows - 1) // ATTENTION_BLOCK
+        if tail_len:
+            last = max(last, shared_end + -(-tail_len // ATTENTION_BLOCK) - 1)
+        bounds.append(last // CHUNK_BLOCKS + 1)
+    if not bounds:
+        raise ValueError("attention: a ring without a window leaves the context unbounded")
+    return max(1, min(bounds))
+
+
+def partial_floats(n_heads: int, head_dim: int, chunks: int) -> int:
+    """Floats of scratch per query: n_kv * chunks partials of G (hd + 2) floats = H (hd + 2) chunks."""
+    return n_heads * (head_dim + 2) * chunks
+
+
+def scratch_floats(n_queries: int, n_heads: int, head_dim: int, chunks: int) -> int:
+    """Floats of scratch for n_queries queries in one launch pair."""
+    return n_queries * partial_floats(n_heads, head_dim, chunks)
 
 
 def _allow_shared(function, nbytes: int) -> None:
@@ -30,13 +75,26 @@ def _allow_shared(function, nbytes: int) -> None:
             pass
 
 
+def _array_module(out):
+    if isinstance(out, np.ndarray):
+        return np
+    import cupy
+    return cupy
+
+
 def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ring_blocks: int,
-              shared_end: int, tail_rows_dev, tail_len: int, scale: float, out):
+              shared_end: int, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
     shared_end: first block read through tail_rows_dev (T, tail_len) int32 physical rows (a
     draft tree's paths; None and any shared_end without a tree); out (T, H, hd) float32
-    contiguous <- attention over `slot` of kv. Grid (T, n_kv)."""
+    contiguous <- attention over `slot` of kv.
+
+    scratch: contiguous float32 device array for the chunk partials (any shape; None:
+    allocated here, at most SCRATCH_BUDGET bytes). It holds n queries' partials,
+    n = size // partial_floats(H, hd, max_chunks(...)) >= 1, and the call runs the queries n
+    at a time: 2 ceil(T / n) launches, each pass 1 (n, n_kv, max_chunks) then pass 2 (n, n_kv).
+    Row-invariant: how the queries are grouped changes no bit of any one of them."""
     n_queries, n_heads, head_dim = q.shape
     if head_dim != kv.head_dim or n_heads % kv.n_kv:
         raise ValueError(f"attention: q heads {n_heads} x {head_dim} against {kv.n_kv} kv heads x {kv.head_dim}")
@@ -54,17 +112,46 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
                          f"{tail_rows_dev.shape} {tail_rows_dev.dtype}")
     if ring_blocks and ring_blocks * ATTENTION_BLOCK > kv.rows:
         raise ValueError(f"attention: a ring of {ring_blocks} blocks in {kv.rows} rows")
+    chunks = max_chunks(kv.rows, window, ring_blocks, shared_end if has_tail else NO_TREE,
+                        tail_len if has_tail else 0)
+    if chunks > MAX_GRID_Z:
+        raise ValueError(f"attention: {chunks} chunks exceed the grid's {MAX_GRID_Z}")
+    per_query = partial_floats(n_heads, head_dim, chunks)
+    if scratch is None:
+        batch = max(1, min(n_queries, SCRATCH_BUDGET // (4 * per_query)))
+        if n_queries:
+            scratch = _array_module(out).empty(batch * per_query, np.float32)
+    else:
+        if scratch.dtype != np.float32 or not scratch.flags.c_contiguous:
+            raise ValueError(f"attention: scratch must be contiguous float32, got {scratch.dtype}")
+        if scratch.size < per_query:
+            raise ValueError(f"attention: scratch of {scratch.size} floats is under one query's "
+                             f"{per_query} ({n_heads} heads x {head_dim + 2} x {chunks} chunks)")
+        batch = scratch.size // per_query
     if not n_queries:
         return out
     group = n_heads // kv.n_kv
     shared = shared_bytes(group, head_dim)
     function = module.get_function(KERNELS[kv.mode])
     _allow_shared(function, shared)
-    function((n_queries, kv.n_kv), (ATT_THREADS,),
-             (q, np.int32(q.strides[0] // 4), *kv.keys.values(), *kv.values.values(),
-              np.int32(slot), np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim), np.int32(group),
-              positions_dev, np.int32(window), np.int32(ring_blocks or 0),
-              np.int32(shared_end if has_tail else NO_TREE), tail_rows_dev if has_tail else positions_dev,
-              np.int32(tail_len if has_tail else 0), np.int32(has_tail), np.float32(scale), out),
-             shared_mem=shared)
+    merge = module.get_function(MERGE_KERNEL)
+    merge_shared = merge_shared_bytes(group, head_dim)
+    _allow_shared(merge, merge_shared)
+    q_stride = np.int32(q.strides[0] // 4)
+    for start in range(0, n_queries, batch):
+        stop = min(start + batch, n_queries)
+        positions = positions_dev[start:stop]
+        function((stop - start, kv.n_kv, chunks), (ATT_THREADS,),
+                 (q[start:stop], q_stride, *kv.keys.values(), *kv.values.values(),
+                  np.int32(slot), np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim), np.int32(group),
+                  positions, np.int32(window), np.int32(ring_blocks or 0),
+                  np.int32(shared_end if has_tail else NO_TREE),
+                  tail_rows_dev[start:stop] if has_tail else positions,
+                  np.int32(tail_len if has_tail else 0), np.int32(has_tail), np.float32(scale),
+                  scratch, np.int32(chunks)),
+                 shared_mem=shared)
+        merge((stop - start, kv.n_kv), (ATT_THREADS,),
+              (scratch, np.int32(kv.n_kv), np.int32(head_dim), np.int32(group), np.int32(chunks), positions,
+               np.int32(window), np.int32(kv.mode == "int4-h"), out[start:stop]),
+              shared_mem=merge_shared)
     return out

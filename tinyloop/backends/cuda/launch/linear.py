@@ -35,17 +35,18 @@ def linear(module, x, packed: PackedLinear, out, exact: bool):
         if seg.out_features == 0:
             continue
         if bulk:
-            name = f"linear_bulk_{seg.kind}"
+            name = f"linear_bulk_{seg.kernel}"
             grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
             block, rows_per_block = (BULK_THREADS,), n_rows
         else:
-            name = f"linear_rows_{seg.kind}"
+            name = f"linear_rows_{seg.kernel}"
             column_blocks = _blocks(seg.out_features, ROWS_WARPS)
             # Which rows share a block changes no row's bits: split rows only for parallelism.
             rows_per_block = ROWS_PER_BLOCK if column_blocks < FEW_COLUMN_BLOCKS else n_rows
             grid = (column_blocks, _blocks(n_rows, rows_per_block))
             block = (ROWS_THREADS,)
         any_float = seg.weights                          # a valid pointer for unused arguments
+        # scale and min go as stored (float16 or float32): the kernel's name says which
         args = (x, np.int32(x_stride), np.int32(n_rows), np.int32(rows_per_block),
                 seg.weights, np.int32(seg.words_per_row), np.int32(seg.out_features),
                 any_float if seg.scale is None else seg.scale,

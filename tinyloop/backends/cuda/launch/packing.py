@@ -6,14 +6,18 @@ them in the contract's layout (cuda/README.md):
 
 - quantized parts: codes (out, row_bytes) uint8, packed as tinyloop/model/quant.py packs
   them, each row padded with zero bytes to whole 32-bit words; scale and min
-  (out, groups) float32 (the stored f16/f32 values, widened exactly); the act-order
+  (out, groups) float16 when the tensor stores both as float16 (GGUF, RTN, GPTQ run
+  here: half the bytes of float32, and decode reads every one of them), else float32
+  (the stored values widened exactly: GPTQ imports, a float16/float32 mix); the act-order
   permutation (padded_in,) int32 or None;
 - dense parts: (out, in padded to 4) float32, or (out, in padded to 8) float16 when
   `keep_f16` and the part is float16 (an f16 checkpoint stays half the size).
 
 Consecutive parts with the same layout (kind, bits, group size, stored width, no
 permutation) become one segment; a part with an act-order permutation, or a different
-layout, is a segment of its own. One kernel launch per segment fills the columns
+layout, is a segment of its own. A segment's scales and mins share one dtype: float16
+only when every part's are (a mixed run is widened, exactly, rather than split into two
+launches). One kernel launch per segment fills the columns
 `out_offset .. out_offset + out_features` of the fused output.
 
 Only `xp.asarray` is used, so xp may be numpy (the twin, the CPU harness) or cupy.
@@ -31,10 +35,10 @@ COLUMNS_PER_WORD = {"int2": 16, "int4": 8, "int8": 4, "f16": 2, "f32": 1}
 
 @dataclass
 class LinearSegment:
-    kind: str                  # "int2" | "int4" | "int8" | "f16" | "f32": the kernel suffix
+    kind: str                  # "int2" | "int4" | "int8" | "f16" | "f32" (kernel: the name's suffix)
     weights: object            # quantized: (out, words * 4) uint8; dense: (out, stored_in) float32/float16
-    scale: object | None       # (out, groups) float32, quantized only
-    min: object | None         # (out, groups) float32, quantized only
+    scale: object | None       # (out, groups) float16 or float32, quantized only
+    min: object | None         # (out, groups), the dtype of scale, quantized only
     group_size: int            # quantized only (0 for dense)
     perm: object | None        # (stored_in,) int32: stored column j feeds input column perm[j]
     stored_in: int             # stored columns with a meaning: padded_in, or in padded to 4 / 8
@@ -48,6 +52,12 @@ class LinearSegment:
     @property
     def words_per_row(self) -> int:
         return self.weights.shape[1] * self.weights.dtype.itemsize // 4
+
+    @property
+    def kernel(self) -> str:
+        """The kernel name's suffix: the kind, + "_f32s" for float32 scales and mins."""
+        wide = self.scale is not None and self.scale.dtype == np.float32
+        return self.kind + "_f32s" if wide else self.kind
 
     @property
     def groups(self) -> int:
@@ -64,8 +74,8 @@ class _HostPart:
     """One part, checked and laid out on the host, before segments are formed."""
     kind: str
     weights: np.ndarray            # (out, words * 4) uint8, or (out, stored_in) float32/float16
-    scale: np.ndarray | None       # (out, groups) float32
-    min: np.ndarray | None
+    scale: np.ndarray | None       # (out, groups) float16 or float32
+    min: np.ndarray | None         # the dtype of scale
     group_size: int
     perm: np.ndarray | None        # (stored_in,) int32
     stored_in: int
@@ -105,11 +115,15 @@ def pack_linear(parts, bias=None, xp=np, keep_f16: bool = False) -> PackedLinear
         weights = np.concatenate([h.weights for h in run])
         n_out = weights.shape[0]
         quantized = first.scale is not None
+        if quantized:
+            dtype = np.result_type(*(h.scale for h in run))          # float16 only if all are
+            scale = np.concatenate([h.scale for h in run], dtype=dtype)
+            minimum = np.concatenate([h.min for h in run], dtype=dtype)
         segments.append(LinearSegment(
             kind=first.kind,
             weights=xp.asarray(np.ascontiguousarray(weights)),
-            scale=xp.asarray(np.concatenate([h.scale for h in run])) if quantized else None,
-            min=xp.asarray(np.concatenate([h.min for h in run])) if quantized else None,
+            scale=xp.asarray(scale) if quantized else None,
+            min=xp.asarray(minimum) if quantized else None,
             group_size=first.group_size,
             perm=None if first.perm is None else xp.asarray(first.perm),
             stored_in=first.stored_in,
@@ -185,5 +199,7 @@ def _quantized_part(tensor: QuantizedTensor, index: int) -> _HostPart:
     stored = np.zeros((n_out, words * 4), np.uint8)       # zero bytes pad rows to whole words
     stored[:, :row_bytes] = codes
     kind = f"int{bits}"
-    return _HostPart(kind, stored, scale.astype(np.float32), minimum.astype(np.float32), group, perm,
+    # the kernels read scale and min in one dtype: float16 when both are, else both widened
+    dtype = np.float16 if scale.dtype == minimum.dtype == np.float16 else np.float32
+    return _HostPart(kind, stored, scale.astype(dtype), minimum.astype(dtype), group, perm,
                      padded_in, in_features, layout=(kind, group, padded_in, in_features))
