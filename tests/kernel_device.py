@@ -19,7 +19,6 @@ TINYLOOP_CUDASIM_ORDERS="id,reverse,random:1,random:2" widens the default set of
 
 import functools
 import os
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -85,8 +84,8 @@ class CupyDevice:
         key = (name, tuple(options))
         if key not in self._modules:
             code = (CUDA_DIR / f"{name}.cu").read_text()
-            self._modules[key] = self.xp.RawModule(code=code, options=("-std=c++17", f"-I{CUDA_DIR}",
-                                                                        *options))
+            from tinyloop.backends.cuda.compile import compile_options    # the backend's own options
+            self._modules[key] = self.xp.RawModule(code=code, options=(*compile_options(), *options))
         return self._modules[key]
 
     def asarray(self, array, dtype=None):
@@ -122,8 +121,8 @@ def _cupy_or_none():
         reason = "CuPy sees no GPU"
     except Exception as error:  # noqa: BLE001 - ImportError, or any CUDA driver/runtime error
         reason = f"CuPy is unusable: {error}"
-    warnings.warn(f"TINYLOOP_TEST_DEVICE=cuda but {reason}; kernel tests run on the CPU harness instead")
-    return None
+    # asked for the GPU and not getting it is a failure: a GPU check must not pass on the harness
+    raise RuntimeError(f"TINYLOOP_TEST_DEVICE=cuda but {reason}")
 
 
 _devices = {}

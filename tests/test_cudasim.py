@@ -425,7 +425,20 @@ def test_fixture_runs_on_cupy_when_asked_and_a_gpu_is_seen(monkeypatch):
         assert kd.device_names(("id",)) == ["cuda"]
         device = kd._device("cuda")
         assert device.is_gpu and device.xp is FakeCupy and device.module("attention") == "module"
-        assert compiled[0][1] == ("-std=c++17", f"-I{kd.CUDA_DIR}")
+        from tinyloop.backends.cuda.compile import compile_options
+        assert compiled[0][1] == compile_options()          # what the CUDA backend compiles with
+        assert compiled[0][1][:2] == ("-std=c++17", f"-I{kd.CUDA_DIR}")
+    finally:
+        kd._cupy_or_none.cache_clear()
+
+
+def test_asking_for_the_gpu_without_one_fails_instead_of_testing_the_harness(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)            # `import cupy` raises ImportError
+    monkeypatch.setenv("TINYLOOP_TEST_DEVICE", "cuda")
+    kd._cupy_or_none.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="TINYLOOP_TEST_DEVICE=cuda but CuPy is unusable"):
+            kd.device_names(("id",))
     finally:
         kd._cupy_or_none.cache_clear()
 
