@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 from test_model import random_config
-from test_tree_verify import random_tree, run_nodes
+from test_tree_verify import check_tree_against_paths
 
 from tinyloop.backends.cuda.backend import CudaBackend
 from tinyloop.backends.cuda.compile import kernel_path
@@ -139,25 +139,7 @@ def test_tree_verify_equals_sequential_decode_on_cuda(tmp_path, case):
     mode, window = MODES[case], int(rng.choice([0, 20, 70]))
     path = write_model_file(tmp_path / "m.tinyloop", config, random_weights(config, case), train_tokenizer().to_str())
     model = load_model(path, cuda_backend("reverse" if case % 2 else "id"), kv_mode=mode).model
-    loops = int(rng.integers(1, config.max_loops + 1))
-    n_prompt = int(rng.integers(window + 135, 227)) if window else int(rng.integers(1, 100))
-    prompt = [int(t) for t in rng.integers(0, 512, n_prompt)]
-    tree = random_tree(rng, len(prompt), 512)
-    capacity = len(prompt) + len(tree.nodes) + 1
-    cache = model.new_cache(capacity, loops, window=window)
-    prefill(model, prompt, cache, loops)
-    logits = model.backend.to_host(run_nodes(model, tree, list(range(len(tree.nodes))), cache, loops))
-    for node in range(len(tree.nodes)):
-        reference = model.new_cache(capacity, loops, window=window)
-        prefill(model, prompt, reference, loops)
-        path_nodes = tree.path(node)
-        for depth, on_path in enumerate(path_nodes):
-            expected = model.forward([tree.nodes[on_path].token], [len(prompt) + depth], reference, loops)
-        assert np.array_equal(logits[node], model.backend.to_host(expected)[0]), (mode, window, node)
-        own, sequential = tree.base + node, tree.base + len(path_nodes) - 1
-        ours, theirs = cache.stored(own, own + 1), reference.stored(sequential, sequential + 1)
-        for name in theirs:
-            assert np.array_equal(ours[name], theirs[name]), (mode, window, node, name)
+    check_tree_against_paths(model, rng, config, mode, window, max_plain_prompt=100)
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int4-h"])

@@ -48,17 +48,23 @@ def test_tree_verify_equals_sequential_decode_of_each_path(tmp_path, tokenizer_j
     mode = MODES[case % len(MODES)]
     window = int(rng.choice([0, 20, 70]))
     path = write_model_file(tmp_path / "m.tinyloop", config, random_weights(config, case), tokenizer_json)
-    model = load_model(path, kv_mode=mode).model
+    check_tree_against_paths(load_model(path, kv_mode=mode).model, rng, config, mode, window)
+
+
+def check_tree_against_paths(model, rng, config, mode: str, window: int, max_plain_prompt: int = 160):
+    """Verify a random draft tree after a random prompt; every node's logits and cache rows
+    must equal a sequential decode of its path, bit for bit. (Also run on the CUDA backend.)"""
+    to_host = model.backend.to_host
     loops = int(rng.integers(1, config.max_loops + 1))
     # with a window, a prompt long enough that the cache is a ring that has wrapped
-    n_prompt = int(rng.integers(window + 135, 227)) if window else int(rng.integers(1, 160))
+    n_prompt = int(rng.integers(window + 135, 227)) if window else int(rng.integers(1, max_plain_prompt))
     prompt = [int(t) for t in rng.integers(0, 512, n_prompt)]
     tree = random_tree(rng, len(prompt), 512)
     capacity = len(prompt) + len(tree.nodes) + 1
 
     cache = model.new_cache(capacity, loops, window=window)
     prefill(model, prompt, cache, loops)
-    logits = run_nodes(model, tree, list(range(len(tree.nodes))), cache, loops)     # (n_nodes, V)
+    logits = to_host(run_nodes(model, tree, list(range(len(tree.nodes))), cache, loops))     # (n_nodes, V)
     assert (cache.ring is not None) == (window > 0)
 
     for node in range(len(tree.nodes)):
@@ -67,7 +73,7 @@ def test_tree_verify_equals_sequential_decode_of_each_path(tmp_path, tokenizer_j
         path_nodes = tree.path(node)
         for depth, on_path in enumerate(path_nodes):
             position = len(prompt) + depth
-            expected = model.forward([tree.nodes[on_path].token], [position], reference, loops)[0]
+            expected = to_host(model.forward([tree.nodes[on_path].token], [position], reference, loops))[0]
         assert np.array_equal(logits[node], expected), (mode, window, node)
         own_row, sequential_row = tree.base + node, tree.base + len(path_nodes) - 1
         ours, theirs = cache.stored(own_row, own_row + 1), reference.stored(sequential_row, sequential_row + 1)
