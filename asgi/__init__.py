@@ -5,5 +5,6 @@
 app.py routes and answers errors; schema.py / fields.py validate bodies; prepare.py
 turns them into engine requests; generation.py moves tokens from the engine thread to
 the event loop (text, stop strings, disconnects); openai_routes.py and
-native_routes.py shape responses and SSE; state.py holds the model and engine.
+native_routes.py shape responses and SSE; state.py holds the model and engine; drain.py
+makes SIGTERM a bounded drain.
 """

@@ -12,6 +12,7 @@ import logging
 import time
 
 from .auth import authorized
+from .drain import drain_on_signals
 from .errors import ApiError, unavailable
 from .http import ClientGone, guarded_send, parse_json_body, read_body, send_json
 from .native_routes import native_generate
@@ -78,6 +79,7 @@ class TinyLoopApp:
                 except Exception as exc:       # noqa: BLE001 - bad settings: refuse to start, say why
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                drain_on_signals(self.state)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 if self.state is not None:

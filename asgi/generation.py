@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from tinyloop.engine.engine import EngineFailed, QueueFull
+from tinyloop.engine.engine import EngineFailed, QueueFull, ShuttingDown
 from tinyloop.engine.output import FINISH_SHUTDOWN
 from tinyloop.engine.request import GenerationRequest, GenerationResult
 from tinyloop.errors import RequestError
@@ -80,7 +80,11 @@ class Generation:
 
     def submit(self) -> None:
         """Queue the request; 400 if the engine refuses it, 429 when every waiting place is
-        taken, 503 if the engine failed or is stopping."""
+        taken, 503 if the server is draining or the engine failed or is stopping."""
+        if self.state.draining:
+            raise ApiError(503, "the server is draining: it finishes the generations it has admitted and "
+                                "takes no new ones; retry (another replica will answer)", "server_error", None,
+                           "draining", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
         try:
             self.submission = self.state.engine.submit(
                 self.request, on_event=lambda kind, payload: self._mailbox.put((kind, payload)))
@@ -90,6 +94,8 @@ class Generation:
             raise ApiError(429, f"the server is busy: {exc}; retry after the running generation ends",
                            "rate_limit_error", None, "queue_full",
                            headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]) from None
+        except ShuttingDown as exc:
+            raise unavailable(str(exc), "shutting_down") from None
         except EngineFailed as exc:
             raise unavailable(str(exc), "worker_failed") from None
 
@@ -121,6 +127,9 @@ class Generation:
                     elif kind == "error":
                         if isinstance(payload, RequestError):
                             raise bad_request(str(payload), payload.param)
+                        if isinstance(payload, ShuttingDown):
+                            raise unavailable("the server is shutting down; the request was stopped before "
+                                              "it finished", "shutting_down")
                         raise unavailable(str(payload), "worker_failed")
                 if batch:
                     yield batch

@@ -49,7 +49,7 @@ class Metrics:
                 if seconds <= bound:
                     self.ttft_buckets[i] += 1
 
-    def render(self, running: int, waiting: int) -> str:
+    def render(self, running: int, waiting: int, draining: bool = False) -> str:
         lines = []
 
         def metric(name, kind, help_text, samples):
@@ -65,6 +65,8 @@ class Metrics:
             metric("tinyloop_generations_running", "gauge", "Generations running (0 or 1).", [({}, running)])
             metric("tinyloop_generations_waiting", "gauge", "Generations waiting for the engine.",
                    [({}, waiting)])
+            metric("tinyloop_draining", "gauge", "1 once the server was told to stop: it takes no new generations.",
+                   [({}, int(draining))])
             metric("tinyloop_generations_total", "counter", "Engine jobs by mode and finish reason (cancelled: the client left or a stop string matched).",
                    [({"mode": m, "finish_reason": f}, n) for (m, f), n in sorted(self.generations.items())])
             metric("tinyloop_client_disconnects_total", "counter", "Generations cancelled by a client leaving.",

@@ -23,6 +23,19 @@ def _int(name: str, default: int, low: int) -> int:
     return number
 
 
+def _seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise TinyLoopError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not 0 <= number < float("inf"):
+        raise TinyLoopError(f"{name} must be >= 0 seconds, got {value}")
+    return number
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "tinyloop"
@@ -41,6 +54,7 @@ class Settings:
     device: str | None
     kv_mode: str = "fp16"
     kv_budget_bytes: int | None = None
+    drain_timeout_s: float = 30.0  # after SIGTERM: how long admitted generations may still run
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -56,4 +70,5 @@ class Settings:
             device=os.environ.get("TINYLOOP_DEVICE") or None,
             kv_mode=kv_mode_from_env(),
             kv_budget_bytes=kv_budget_from_env(),
+            drain_timeout_s=_seconds("TINYLOOP_DRAIN_TIMEOUT", 30.0),
         )

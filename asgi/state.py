@@ -23,7 +23,7 @@ if not logging.getLogger().handlers and not log.handlers:
     log.addHandler(_handler)
     log.setLevel(logging.INFO)
 
-LOADING, READY, FAILED = "loading", "ready", "worker_failed"
+LOADING, READY, FAILED, DRAINING = "loading", "ready", "worker_failed", "draining"
 
 
 class ServerState:
@@ -48,6 +48,8 @@ class ServerState:
             log.warning("auth: OFF (TINYLOOP_AUTH=0)")
         self._load_started = threading.Lock()
         self._load_thread: threading.Thread | None = None
+        self.draining = False
+        self._drain_deadline: threading.Timer | None = None
 
     def start_loading(self) -> None:
         """Load the model on a background thread (health says 'loading' meanwhile)."""
@@ -86,9 +88,41 @@ class ServerState:
             log.error("TINYLOOP_EXIT_ON_FAILURE is set: exiting so the supervisor restarts the worker")
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def drain(self) -> None:
+        """Take no new generations (503 `draining`, /health 503) and let the admitted ones,
+        running and waiting, finish; after settings.drain_timeout_s stop what is left (503
+        `shutting_down`, or an error event on a stream). Called once the server is told to
+        stop (asgi/drain.py); a second call changes nothing."""
+        if self.draining:
+            return
+        self.draining = True
+        engine = self.engine
+        running, waiting = (engine.running, engine.waiting) if engine else (0, 0)
+        log.info("draining: %d generation(s) running and %d waiting may finish within %gs; new ones get 503",
+                 running, waiting, self.settings.drain_timeout_s)
+        self._drain_deadline = threading.Timer(self.settings.drain_timeout_s, self._drain_timed_out)
+        self._drain_deadline.daemon = True
+        self._drain_deadline.start()
+
+    def _drain_timed_out(self) -> None:
+        engine = self.engine
+        if engine is not None and (engine.running or engine.waiting):
+            log.warning("drain timeout (%gs): stopping %d running and %d waiting generation(s)",
+                        self.settings.drain_timeout_s, engine.running, engine.waiting)
+        self.shutdown()
+
     def shutdown(self) -> None:
+        if self._drain_deadline is not None:
+            self._drain_deadline.cancel()
         if self.engine is not None:
             self.engine.stop()
+
+    @property
+    def health(self) -> str:
+        """What /health reports: loading, ready, worker_failed or draining."""
+        if self.draining and self.status != FAILED:
+            return DRAINING
+        return self.status
 
     @property
     def kv_cache_mode(self) -> str:

@@ -92,7 +92,8 @@ def decode_figures(cp, model, loops: int, steps: int, graphs: bool) -> dict:
         gpus.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
         position += 1
     verify_tokens = list(range(100, 116))
-    verify = gpu_seconds(cp, lambda: model.forward(verify_tokens, list(range(position, position + 16)), cache, loops), 5)
+    verify_positions = list(range(position, position + 16))
+    verify = gpu_seconds(cp, lambda: model.forward(verify_tokens, verify_positions, cache, loops), 5)
     one = gpu_seconds(cp, lambda: model.forward([token], [position], cache, loops), 5)
     # with graphs the replay runs on the graph's own stream (events on this one time nothing)
     gpu = None if graphs else statistics.median(gpus)

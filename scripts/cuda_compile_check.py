@@ -58,7 +58,8 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['file']} | `{r['kernel']}` | sm_{r['arch']} | {r.get('registers', '?')} | "
-                     f"{r.get('smem', 0)} | {r.get('stack', 0)} | {r.get('spill_stores', 0)} / {r.get('spill_loads', 0)} |")
+                     f"{r.get('smem', 0)} | {r.get('stack', 0)} | "
+                     f"{r.get('spill_stores', 0)} / {r.get('spill_loads', 0)} |")
     return "\n".join(lines)
 
 
@@ -100,7 +101,8 @@ def main() -> int:
                 failures.append(f"{r['file']} {r['kernel']} sm_{r['arch']}: stack {r.get('stack')} B, "
                                 f"spills {r.get('spill_stores')} / {r.get('spill_loads')} B")
         if args.write:
-            version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            version = subprocess.run([nvcc, "--version"], capture_output=True,
+                                     text=True).stdout.strip().splitlines()[-1]
             (KERNEL_DIR / "RESOURCES.md").write_text(
                 "# Kernel resources (written by `python scripts/cuda_compile_check.py --write`)\n\n"
                 f"`nvcc -cubin -Xptxas -v`, {version}. Static shared memory only: kernels that take\n"

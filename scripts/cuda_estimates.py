@@ -29,8 +29,9 @@ SHAPES = {
     "doc-407m (8 loops)": dict(dim=2048, heads=16, kv=16, hd=128, ffn=8192, mlp="gelu", instances=34, vocab=50257,
                                core_bits=4, head_bits=4, bias=True),
 }
-BLOCK_THREADS = {"linear_rows": 256, "linear_bulk": 256, "kv_write": 128, "attention_merge": 128, "attention": 128, "rms_norm": 256, "layer_norm": 256,
-                 "rope_rows": 256, "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256}
+BLOCK_THREADS = {"linear_rows": 256, "linear_bulk": 256, "kv_write": 128, "attention_merge": 128, "attention": 128,
+                 "rms_norm": 256, "layer_norm": 256, "rope_rows": 256,
+                 "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256}
 
 
 def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:

@@ -36,7 +36,7 @@ stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
     echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
 }
 : > "$REPORT/stages.txt"
-stage environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"'
+stage environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"; python3 -c "from tinyloop.backends.cuda.compile import header_dirs, compile_options; print(\"cuda_fp16.h in\", header_dirs()); print(\"NVRTC options\", compile_options())"'
 stage kernels 180 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/test_cuda_linear.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
     tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"

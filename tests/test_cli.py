@@ -28,7 +28,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["new-model", str(path), "--preset", "huge"]) == 2
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["info"], ["new-model"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["info"], ["new-model"], ["bench"]])
 def test_help_on_every_command(command):
     run = subprocess.run([sys.executable, "-m", "tinyloop", *command, "--help"],
                          capture_output=True, text=True, timeout=60)
@@ -69,7 +69,7 @@ def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch)
 
 
 SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
-                   "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE")
+                   "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT")
 
 
 @pytest.fixture
@@ -113,6 +113,19 @@ def test_serve_flags_default_to_their_variables(serve_settings, tmp_path):
                               "--state-dir", str(tmp_path / "other"))
     assert (settings.max_waiting, settings.device, settings.kv_mode) == (5, "auto", "int4")
     assert str(settings.state_dir) == str(tmp_path / "other")
+
+
+def test_serve_drain_timeout_flag_variable_and_default(serve_settings, monkeypatch):
+    from asgi.settings import Settings
+    from tinyloop.errors import TinyLoopError
+
+    assert serve_settings().drain_timeout_s == 30
+    assert serve_settings(TINYLOOP_DRAIN_TIMEOUT="12.5").drain_timeout_s == 12.5
+    assert serve_settings("--drain-timeout", "0").drain_timeout_s == 0
+    for wrong in ("-1", "soon", "inf"):
+        monkeypatch.setenv("TINYLOOP_DRAIN_TIMEOUT", wrong)
+        with pytest.raises(TinyLoopError, match="TINYLOOP_DRAIN_TIMEOUT"):
+            Settings.from_env()
 
 
 def test_serve_defaults_without_flags_or_variables(serve_settings):

@@ -504,3 +504,23 @@ def test_a_send_that_fails_because_the_client_left_is_a_disconnect_not_a_500(mod
     assert app.state.metrics.requests[("/generate", 499)] == 1
     assert app.state.metrics.requests[("/generate", 500)] == 0
     assert "internal error" not in caplog.text
+
+
+# ------------------------------------------------------------------------- behind a proxy
+@pytest.mark.parametrize("path, body", [
+    (CHAT, {"model": "tl", "messages": HELLO}),
+    ("/v1/completions", {"model": "tl", "prompt": "Hello"}),
+    ("/api/v0/chat/completions", {"model": "tl", "messages": HELLO, "mode": "speculative"}),
+    ("/api/v0/completions", {"model": "tl", "prompt": "Hello"}),
+    ("/generate", {"prompt": "Hello"}),
+    ("/generate/speculative", {"prompt": "Hello"}),
+    ("/generate/tree_speculative", {"prompt": "Hello"}),
+])
+def test_every_event_stream_tells_a_proxy_not_to_buffer_it(app, path, body):
+    """nginx buffers proxied responses unless told not to; `X-Accel-Buffering: no` on
+    each event stream makes tokens pass through one by one whatever the proxy's setting."""
+    response = post(app, path, {**body, "max_tokens": 3, "stream": True})
+    assert response.status == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-accel-buffering"] == "no"
+    assert response.headers["cache-control"] == "no-cache"
+    assert response.events()[-1] == "[DONE]"

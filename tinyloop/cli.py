@@ -157,6 +157,8 @@ def cmd_serve(args) -> int:
         env["TINYLOOP_EXIT_ON_FAILURE"] = "1"
     if args.kv_cache:
         env["TINYLOOP_KV_CACHE"] = args.kv_cache
+    if args.drain_timeout is not None:
+        env["TINYLOOP_DRAIN_TIMEOUT"] = str(args.drain_timeout)
     os.environ.update(env)
     settings = Settings.from_env()            # validates every TINYLOOP_* setting up front
     if not settings.auth:
@@ -226,6 +228,12 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from tinyloop.bench.main import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tinyloop import __version__
     from tinyloop.model.testmodels import PRESETS
@@ -269,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit the worker after an engine failure so a supervisor restarts it")
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
                    help="KV cache mode (sets TINYLOOP_KV_CACHE; default fp16)")
+    p.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                   help="on SIGTERM, let admitted generations finish for this long, then stop them "
+                        "(default: $TINYLOOP_DRAIN_TIMEOUT or 30)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_serve)
 
@@ -330,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="the backend whose KV storage to size: auto, cpu or cuda "
                                                    "(default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_info)
+
+    from tinyloop.bench.main import DESCRIPTION, add_arguments
+    p = sub.add_parser("bench", help="measure speed on this machine, beside llama.cpp and a common HTTP stack",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("new-model", help="write a seeded random test model",
                        description="Write a seeded random looped model with a trained byte-level "

@@ -38,6 +38,10 @@ class EngineFailed(TinyLoopError):
     """The engine hit an internal error and takes no more work."""
 
 
+class ShuttingDown(EngineFailed):
+    """The engine is stopping: it takes no more work and ends what it had."""
+
+
 @dataclass
 class Submission:
     """A request handed to the engine, and how to reach its submitter."""
@@ -88,7 +92,7 @@ class Engine:
             if self.failure is not None:
                 raise EngineFailed(self.failure)
             if self._stopping:
-                raise EngineFailed("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
             busy = self._running is not None or self._waiting
             if busy and len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"{self.running} generation running and {len(self._waiting)} waiting "
@@ -118,7 +122,7 @@ class Engine:
             waiting, self._waiting = list(self._waiting), deque()
             self._lock.notify_all()
         for submission in waiting:
-            submission.emit("error", EngineFailed("the server is shutting down"))
+            submission.emit("error", ShuttingDown("the server is shutting down"))
         self._thread.join(timeout=10)
 
     # -- the engine thread ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Weight quantization quality on the default model: RTN vs GPTQ, side by side.
 
-    python scripts/bench_quantize.py [--ppl-tokens 8192] [--calibration-tokens 4096]
+    python scripts/eval_quantize.py [--ppl-tokens 8192] [--calibration-tokens 4096]
 
 The reference is SmolLM2 as loaded (its Q4_1 weights dequantized to float32); every
 other row re-quantizes those float32 weights and reports perplexity on the first

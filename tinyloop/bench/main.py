@@ -1,0 +1,152 @@
+"""`tinyloop bench`: the command's arguments, and one run from model to report."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from tinyloop.errors import TinyLoopError
+
+DESCRIPTION = """\
+Measure MODEL on this machine: prefill tokens/s at several prompt lengths, decode
+tokens/s and time to first token at several loop counts, and for looped models
+speculative and tree decoding at several settings with their acceptance rates. Each
+figure is the median of several runs after a warm-up, with min and max; engines run in
+worker processes of their own and take turns within every round.
+
+With --gguf (and llama-cpp-python importable, here or by --llama-python), llama.cpp
+runs the same prompts and token counts beside TinyLoop on that GGUF, greedy, and each
+figure gets the ratio TinyLoop / llama.cpp. Unless --no-http, a tiny random model is
+served by `tinyloop serve` and by a FastAPI + uvicorn + sse-starlette app calling the
+same engine, under the same bounded load on loopback (needs the `bench` extra).
+
+MODEL: a .tinyloop file, `preset:NAME` for a seeded random preset (written once to
+--cache-dir), or nothing for the default model (pulled on first use)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tinyloop.bench.engine_section import threads_default
+    from tinyloop.kv.modes import KV_MODES
+
+    parser.add_argument("model", nargs="?", default=None,
+                        help="a .tinyloop file, preset:NAME, or nothing for the default model")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter runs: under a minute on a small model")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the report as JSON (progress goes to stderr)")
+    output.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    parser.add_argument("--save", metavar="FILE", help="also write the JSON report to FILE")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw tokens/s by mode and loops (needs matplotlib)")
+    parser.add_argument("--load", metavar="FILE", help="print (and --plot) a report saved by --save, measuring nothing")
+    parser.add_argument("--gguf", metavar="FILE", help="run llama.cpp on this GGUF side by side (the GGUF the "
+                                                       "model was converted from)")
+    parser.add_argument("--llama-python", metavar="PATH", help="the Python interpreter that runs llama.cpp's worker "
+                                                               "(one with llama-cpp-python; default: this one)")
+    parser.add_argument("--threads", type=int, default=threads_default(), metavar="N",
+                        help="llama.cpp threads (default: the CPUs this process may use)")
+    parser.add_argument("--baseline", metavar="CHECKOUT", help="another TinyLoop checkout, measured side by side")
+    parser.add_argument("--no-http", action="store_true", help="skip the HTTP comparison")
+    parser.add_argument("--http-only", action="store_true", help="only the HTTP comparison")
+    parser.add_argument("--rounds", type=int, default=None, metavar="N",
+                        help="timed runs per figure (default 5, quick 3)")
+    parser.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                        help="seconds of quiet before each run (default 0.3, quick 0.05)")
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=None, metavar="N",
+                        help="prefill prompt lengths (default 32 128 512, quick 32 128)")
+    parser.add_argument("--context", type=int, default=None, metavar="N",
+                        help="prompt tokens before generation (default 128, quick 64)")
+    parser.add_argument("--decode-tokens", type=int, default=None, metavar="N",
+                        help="tokens per generation (default 64, quick 16)")
+    parser.add_argument("--loops", type=int, nargs="+", default=None, metavar="N",
+                        help="loop counts for decode (default: the model's fewest, default and up to twice default)")
+    parser.add_argument("--speculative", type=_setting, action="append", default=None, metavar="D,V,AHEAD,K",
+                        help="a speculative setting: draft_loops,verify_loops,draft_ahead,K_branches (K 1: a chain; "
+                             "repeatable; default: derived from the loops measured)")
+    parser.add_argument("--no-speculative", action="store_true", help="skip speculative and tree decoding")
+    parser.add_argument("--kv-cache", nargs="+", default=None, choices=KV_MODES, metavar="MODE",
+                        help=f"also measure these KV cache modes ({', '.join(KV_MODES)})")
+    parser.add_argument("--device", default=None,
+                        help="TinyLoop's device: auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    parser.add_argument("--cache-dir", default=os.environ.get("TMPDIR", "/tmp"), metavar="DIR",
+                        help="where preset:NAME models are written (default $TMPDIR or /tmp)")
+
+
+def _setting(text: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 4:
+        raise argparse.ArgumentTypeError(f"expected D,V,AHEAD,K (four integers), got {text!r}")
+    return values
+
+
+def resolve_model(name: str | None, cache_dir: str) -> str:
+    if name is None:
+        from tinyloop.convert.pull import ensure_default_model
+        return str(ensure_default_model())
+    if name.startswith("preset:"):
+        import numpy as np
+
+        from tinyloop.model.testmodels import PRESETS, make_test_model
+        preset = name.split(":", 1)[1]
+        if preset not in PRESETS:
+            raise TinyLoopError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        path = Path(cache_dir) / f"bench-{preset}-seed0.tinyloop"
+        if not path.exists():
+            make_test_model(path, preset, seed=0, dtype=np.float16 if preset == "doc-407m" else np.float32)
+        return str(path)
+    if not Path(name).is_file():
+        raise TinyLoopError(f"model file not found: {name}")
+    return str(Path(name).resolve())
+
+
+def run(args) -> int:
+    from tinyloop import __version__
+    from tinyloop.bench.engine_section import engine_section
+    from tinyloop.bench.machine import describe
+    from tinyloop.bench.serving.compare import http_comparison
+
+    if args.plot:
+        from tinyloop.bench.plot import check_matplotlib
+        check_matplotlib()                       # before minutes of measuring, not after
+    if args.no_http and args.http_only:
+        raise TinyLoopError("--no-http and --http-only exclude each other")
+    if args.load:
+        try:
+            report = json.loads(Path(args.load).read_text())
+        except (OSError, ValueError) as exc:
+            raise TinyLoopError(f"cannot read a report from {args.load}: {exc}") from None
+        return _output(report, args)
+    started = time.time()
+    arguments = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    report = {"tinyloop": __version__, "arguments": arguments,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)), "machine": describe()}
+    if not args.http_only:
+        report.update(engine_section(args, resolve_model(args.model, args.cache_dir)))
+    report["http"] = ({"status": "skipped", "reason": "--no-http"} if args.no_http else
+                      http_comparison(args.quick, args.rounds or (3 if args.quick else 5)))
+    sections = report.setdefault("sections", {})
+    if "llama.cpp" in report.get("engines", {}):
+        sections["llama.cpp"] = {k: v for k, v in report["engines"]["llama.cpp"].items() if k in ("status", "reason")}
+    sections["http"] = {k: v for k, v in report["http"].items() if k in ("status", "reason")}
+    report["seconds"] = round(time.time() - started, 1)
+    if args.save:
+        Path(args.save).write_text(json.dumps(report, indent=2))
+    return _output(report, args)
+
+
+def _output(report: dict, args) -> int:
+    from tinyloop.bench.report import render
+    if args.plot and report.get("figures"):
+        from tinyloop.bench.plot import write_plot
+        write_plot(report, args.plot)
+        print(f"tinyloop bench: wrote {args.plot}", file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else render(report, markdown=args.markdown))
+    if not report.get("exact", True):
+        print("tinyloop bench: a speculative output differed from plain decoding (see 'tokens = plain')",
+              file=sys.stderr)
+        return 1
+    return 0
