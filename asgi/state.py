@@ -75,7 +75,8 @@ class ServerState:
         self.created = int(os.path.getmtime(path))
         self.status = READY
         log.info("model %s loaded in %.2fs: device %s, KV cache %s (pool %.0f MiB), %s", path, loaded.load_s,
-                 loaded.backend.description, self.kv_cache_mode, engine.pool.nbytes / 2**20, loaded.file.quant_summary())
+                 loaded.backend.description, self.kv_cache_mode, engine.pool.nbytes / 2**20,
+                 loaded.file.quant_summary())
 
     def _fail(self, reason: str) -> None:
         self.failure = reason

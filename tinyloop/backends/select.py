@@ -26,7 +26,8 @@ def select_backend(device: str | None = None) -> Backend:
         from tinyloop.backends.cuda.backend import CudaBackend
         from tinyloop.backends.cuda.device import CupyDevice
         backend = CudaBackend(CupyDevice())
-        backend.description = f"cuda ({'TINYLOOP_DEVICE=cuda' if device == 'cuda' else 'auto'}: {backend.device.describe()})"
+        why = "TINYLOOP_DEVICE=cuda" if device == "cuda" else "auto"
+        backend.description = f"cuda ({why}: {backend.device.describe()})"
         return backend
     if device == "cuda":
         raise TinyLoopError(f"TINYLOOP_DEVICE=cuda, but {reason}")
