@@ -5,35 +5,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyloop.env import env_flag
-from tinyloop.errors import TinyLoopError
+from tinyloop.env import env_flag, env_number
 from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 
 
 def _int(name: str, default: int, low: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise TinyLoopError(f"{name} must be an integer, got {value!r}") from None
-    if number < low:
-        raise TinyLoopError(f"{name} must be >= {low}, got {number}")
-    return number
+    return env_number(os.environ, name, default, int, "an integer", lambda n: n >= low, f">= {low}")
 
 
 def _seconds(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise TinyLoopError(f"{name} must be a number of seconds, got {value!r}") from None
-    if not 0 <= number < float("inf"):
-        raise TinyLoopError(f"{name} must be >= 0 seconds, got {value}")
-    return number
+    return env_number(os.environ, name, default, float, "a number of seconds",
+                      lambda n: 0 <= n < float("inf"), ">= 0 seconds")
 
 
 def default_state_dir() -> Path:

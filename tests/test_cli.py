@@ -131,3 +131,18 @@ def test_serve_drain_timeout_flag_variable_and_default(serve_settings, monkeypat
 def test_serve_defaults_without_flags_or_variables(serve_settings):
     settings = serve_settings()
     assert (settings.max_waiting, settings.device, settings.auth, settings.exit_on_failure) == (8, None, True, False)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("TINYLOOP_MAX_WAITING", "-1", "TINYLOOP_MAX_WAITING must be >= 0, got '-1'"),
+    ("TINYLOOP_MAX_WAITING", "many", "TINYLOOP_MAX_WAITING must be an integer, got 'many'"),
+    ("TINYLOOP_MAX_BODY_BYTES", "100", "TINYLOOP_MAX_BODY_BYTES must be >= 1024, got '100'"),
+    ("TINYLOOP_DRAIN_TIMEOUT", "soon", "TINYLOOP_DRAIN_TIMEOUT must be a number of seconds, got 'soon'"),
+])
+def test_numeric_settings_name_the_variable_and_the_rule(monkeypatch, name, value, message):
+    from asgi.settings import Settings
+    from tinyloop.errors import TinyLoopError
+    monkeypatch.setenv(name, value)
+    with pytest.raises(TinyLoopError) as error:
+        Settings.from_env()
+    assert str(error.value) == message

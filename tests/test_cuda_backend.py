@@ -52,9 +52,8 @@ class HarnessDevice:
     def synchronize(self):
         pass
 
-    def upload_ints(self, buffers, values):
-        for buffer, value in zip(buffers, values):
-            buffer[...] = value
+    def upload_ints(self, buffer, values):
+        buffer[...] = values
 
     def capture(self, step):
         """What a CUDA graph does, as far as NumPy can: the step is recorded with the token

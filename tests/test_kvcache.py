@@ -249,5 +249,8 @@ def test_conflicting_settings_are_named(env, message):
 def test_budget_setting():
     assert kv_budget_from_env({}) is None
     assert kv_budget_from_env({"TINYLOOP_KV_BUDGET_MB": "1.5"}) == 3 * 2**19
-    with pytest.raises(TinyLoopError, match="must be positive"):
-        kv_budget_from_env({"TINYLOOP_KV_BUDGET_MB": "-2"})
+    for bad in ("-2", "0", "inf", "nan"):          # inf once reached int(): an OverflowError, not a message
+        with pytest.raises(TinyLoopError, match="TINYLOOP_KV_BUDGET_MB must be positive"):
+            kv_budget_from_env({"TINYLOOP_KV_BUDGET_MB": bad})
+    with pytest.raises(TinyLoopError, match="TINYLOOP_KV_BUDGET_MB must be a number of MiB, got 'lots'"):
+        kv_budget_from_env({"TINYLOOP_KV_BUDGET_MB": "lots"})

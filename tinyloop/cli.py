@@ -91,25 +91,16 @@ def cmd_info(args) -> int:
     return 0
 
 
-class _CudaSizes:
-    """The CUDA backend's KV sizes (the packed layout) on a machine without a GPU, for
-    planning a GPU deployment: `tinyloop info --device cuda` needs no device."""
-    name = "cuda"
-
-    @staticmethod
-    def kv_bytes_per_row(mode, n_kv, head_dim):
-        from tinyloop.kv.modes import packed_bytes_per_row
-        return packed_bytes_per_row(mode, n_kv, head_dim)
-
-
 def _sizing_backend(device):
+    """The backend whose KV storage `info` sizes; for cuda without a GPU, the CUDA backend's class."""
     import os
 
     from tinyloop.backends.select import select_backend
     if (device or os.environ.get("TINYLOOP_DEVICE") or "").lower() == "cuda":
         from tinyloop.backends.cuda.device import cuda_unavailable
         if cuda_unavailable():
-            return _CudaSizes()
+            from tinyloop.backends.cuda.backend import CudaBackend
+            return CudaBackend              # its KV sizes are a static method: no device needed
     return select_backend(device)
 
 

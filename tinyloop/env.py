@@ -16,3 +16,19 @@ def env_flag(env, name: str, default: bool = False) -> bool:
     if value.lower() in FALSE:
         return False
     raise TinyLoopError(f"{name} must be 1 or 0, got {value!r}")
+
+
+def env_number(env, name: str, default, parse, what: str, allowed, requirement: str):
+    """A number from the environment: `default` when unset or empty; a TinyLoopError naming
+    the variable when it does not parse (`what` it must be) or `allowed(number)` is false
+    (`requirement` says what is allowed)."""
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = parse(value)
+    except ValueError:
+        raise TinyLoopError(f"{name} must be {what}, got {value!r}") from None
+    if not allowed(number):
+        raise TinyLoopError(f"{name} must be {requirement}, got {value!r}")
+    return number

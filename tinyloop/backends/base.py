@@ -62,8 +62,9 @@ class Backend(abc.ABC):
 
     # -- per forward ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def rope_rows(self, table, positions: np.ndarray):
-        """The rotations of a forward's positions (built once per forward, in its plan)."""
+    def rope_rows(self, table, plan):
+        """The rotations of the plan's positions (once per forward; a GPU backend reads the
+        positions it uploads for the plan's other kernels)."""
 
     @abc.abstractmethod
     def embed(self, table, ids: np.ndarray):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from tinyloop.env import env_flag
+from tinyloop.env import env_flag, env_number
 from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES
 
@@ -39,14 +39,6 @@ def kv_mode_from_env(env=None) -> str:
 
 
 def kv_budget_from_env(env=None) -> int | None:
-    env = os.environ if env is None else env
-    value = env.get("TINYLOOP_KV_BUDGET_MB")
-    if value is None or value == "":
-        return None
-    try:
-        megabytes = float(value)
-    except ValueError:
-        raise TinyLoopError(f"TINYLOOP_KV_BUDGET_MB must be a number of MiB, got {value!r}") from None
-    if not megabytes > 0:
-        raise TinyLoopError(f"TINYLOOP_KV_BUDGET_MB must be positive, got {value!r}")
-    return int(megabytes * 2**20)
+    megabytes = env_number(os.environ if env is None else env, "TINYLOOP_KV_BUDGET_MB", None, float,
+                           "a number of MiB", lambda n: 0 < n < float("inf"), "positive")
+    return None if megabytes is None else int(megabytes * 2**20)

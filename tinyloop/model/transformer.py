@@ -77,7 +77,7 @@ class LoopedTransformer:
         cache.check_rows(write_row, positions.shape[0])
         plan = build_plan(positions, write_row, cache.geometry, exact, tree, buffers=self.buffers)
         if self.rope is not None:
-            plan.rotation = self.backend.rope_rows(self.rope, plan.positions)
+            plan.rotation = self.backend.rope_rows(self.rope, plan)
         return plan
 
     def contiguous_plan(self, start: int, count: int, cache: KVCache, exact: bool = True) -> ForwardPlan:

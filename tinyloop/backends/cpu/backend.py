@@ -68,8 +68,8 @@ class CpuBackend(Backend):
         return rope_table(max_positions, head_dim, theta)
 
     # -- per forward ---------------------------------------------------------------------------
-    def rope_rows(self, table, positions):
-        return table[positions]
+    def rope_rows(self, table, plan):
+        return table[plan.positions]
 
     def embed(self, table, ids):
         return table[np.asarray(ids)]

@@ -98,9 +98,8 @@ class CudaBackend(Backend):
         return self.device.asarray(rope_table(max_positions, head_dim, theta))         # (P, hd/2) complex64
 
     # -- per forward ---------------------------------------------------------------------------
-    def rope_rows(self, table, positions):
-        device_positions = self._static.positions if self._static is not None else self._ints(positions)
-        return table[device_positions]                                                 # (T, hd/2)
+    def rope_rows(self, table, plan):
+        return table[self.device_plan(plan).positions]                                 # (T, hd/2)
 
     @contextlib.contextmanager
     def static_inputs(self, inputs):
@@ -184,7 +183,9 @@ class CudaBackend(Backend):
     def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> DeviceKV:
         return DeviceKV.allocate(mode, n_slots, n_kv, rows, head_dim, alloc, self.xp)
 
-    def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
+    @staticmethod
+    def kv_bytes_per_row(mode, n_kv, head_dim) -> int:
+        """The packed layout; needs no device, so `tinyloop info --device cuda` sizes without a GPU."""
         return packed_bytes_per_row(mode, n_kv, head_dim)
 
     def kv_write(self, storage: DeviceKV, slot, plan, keys, values):

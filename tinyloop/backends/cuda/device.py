@@ -53,11 +53,10 @@ class CupyDevice:
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
 
-    def upload_ints(self, buffers, values) -> None:
-        """One int32 value into each one-element device buffer, on the stream graphs replay on."""
+    def upload_ints(self, buffer, values) -> None:
+        """values -> an int32 device buffer of their length, in one copy, on the stream graphs replay on."""
         with self._graph_stream():
-            for buffer, value in zip(buffers, values):
-                buffer.set(np.array([value], np.int32))
+            buffer.set(np.asarray(values, np.int32))
 
     def _graph_stream(self):
         if self._stream is None:

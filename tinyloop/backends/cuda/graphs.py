@@ -28,10 +28,17 @@ def graphs_enabled() -> bool:
 
 @dataclass
 class StepInputs:
-    """The per-step values of a one-token forward, as device arrays of one int32 each."""
+    """The per-step values of a one-token forward: one (3,) int32 device array, uploaded in
+    one copy per token, and a (1,) view of it per value."""
+    values: object
     tokens: object
     positions: object
     rows: object
+
+    @classmethod
+    def allocate(cls, xp):
+        values = xp.zeros(3, np.int32)
+        return cls(values, values[0:1], values[1:2], values[2:3])
 
 
 class DecodeGraph:
@@ -40,7 +47,7 @@ class DecodeGraph:
     def __init__(self, backend, model, cache, loops: int):
         xp = backend.xp
         self.backend, self.model, self.cache, self.loops = backend, model, cache, loops
-        self.inputs = StepInputs(xp.zeros(1, np.int32), xp.zeros(1, np.int32), xp.zeros(1, np.int32))
+        self.inputs = StepInputs.allocate(xp)
         self.steps = 0
         self.replay = None
         self.logits = None                   # (1, V): where every replay leaves its logits
@@ -50,8 +57,7 @@ class DecodeGraph:
         if self.steps == 1:                  # warm-up: compile and load every kernel, set attributes
             return self.model.forward([token], [position], self.cache, self.loops)
         row = int(self.cache.geometry.physical(position))
-        self.backend.device.upload_ints([self.inputs.tokens, self.inputs.positions, self.inputs.rows],
-                                        [token, position, row])
+        self.backend.device.upload_ints(self.inputs.values, [token, position, row])
         with self.backend.static_inputs(self.inputs):
             if self.replay is None:
                 # the closure's token and position are frozen, as in a recorded graph: only

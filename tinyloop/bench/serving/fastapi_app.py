@@ -14,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 import time
 import uuid
-from collections import deque
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Header, HTTPException
 from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
+from asgi.generation import Mailbox
 from tinyloop.engine.engine import Engine, QueueFull
 from tinyloop.engine.request import GenerationRequest
 from tinyloop.engine.sampling import SamplingParams
@@ -64,42 +63,20 @@ def authorized(authorization: str | None = Header(default=None)) -> None:
         raise HTTPException(401, "invalid API key")
 
 
-class Events:
-    """Engine thread -> event loop, waking the loop only when the box was empty."""
-
-    def __init__(self, loop):
-        self.loop, self.items, self.lock, self.ready = loop, deque(), threading.Lock(), asyncio.Event()
-
-    def put(self, kind, payload) -> None:              # engine thread
-        with self.lock:
-            self.items.append((kind, payload))
-            wake = len(self.items) == 1
-        if wake:
-            self.loop.call_soon_threadsafe(self.ready.set)
-
-    async def take(self) -> list:
-        await self.ready.wait()
-        with self.lock:
-            items = list(self.items)
-            self.items.clear()
-            self.ready.clear()
-        return items
-
-
 async def run(body: CompletionRequest):
     """Yield (text, None) per token, then (None, GenerationResult)."""
     loaded = STATE["loaded"]
     request = GenerationRequest(loaded.encode_prompt(body.prompt), body.max_tokens,
                                 sampling=SamplingParams(temperature=body.temperature, top_p=body.top_p))
-    events = Events(asyncio.get_running_loop())
+    events = Mailbox(asyncio.get_running_loop())        # the TinyLoop server's own engine -> loop hand-off
     try:
-        STATE["engine"].submit(request, on_event=events.put)
+        STATE["engine"].submit(request, on_event=lambda kind, payload: events.put((kind, payload)))
     except QueueFull as exc:
         raise HTTPException(429, str(exc), headers={"retry-after": "1"}) from None
     except RequestError as exc:
         raise HTTPException(400, str(exc)) from None
     while True:
-        for kind, payload in await events.take():
+        for kind, payload in await events.take_all():
             if kind == "token":
                 yield payload[1], None
             elif kind == "done":
