@@ -261,3 +261,16 @@ def test_interference_counts_only_other_processes(monkeypatch):
     with interference.Meter(os.getpid()) as real:           # the real /proc, where there is one
         sum(range(10000))
     assert real.share is None or 0 <= real.share <= 1
+
+
+def test_machine_line_without_threadpoolctl_still_names_a_forced_kernel_set():
+    # CI has no threadpoolctl; the BLAS entry then holds only the forced core type.
+    from tinyloop.bench.machine import one_line
+    machine = {"cpu": "CPU X", "cores": 2, "logical_cpus": 2, "python": "3.11", "numpy": "2.0",
+               "blas": {"forced_by_OPENBLAS_CORETYPE": "Haswell"}}
+    line = one_line(machine)
+    assert "OPENBLAS_CORETYPE=Haswell" in line and "CPU X" in line
+    machine["blas"] = {}
+    assert one_line(machine).endswith("numpy 2.0")
+    machine["blas"] = {"library": "openblas", "version": "0.3.27", "kernels": "SkylakeX"}
+    assert "openblas 0.3.27 SkylakeX kernels" in one_line(machine)

@@ -65,7 +65,9 @@ def one_line(machine: dict) -> str:
     kernels = f" {blas_info['kernels']} kernels" if blas_info.get("kernels") else ""
     forced = (f" (forced by OPENBLAS_CORETYPE={blas_info['forced_by_OPENBLAS_CORETYPE']})"
               if blas_info.get("forced_by_OPENBLAS_CORETYPE") else "")
-    library = f", {blas_info['library']} {blas_info.get('version', '')}{kernels}{forced}" if blas_info else ""
+    # Without threadpoolctl the library is unknown, but a forced kernel set is still worth saying.
+    name = " ".join(str(part) for part in (blas_info.get("library") or "BLAS", blas_info.get("version")) if part)
+    library = f", {name}{kernels}{forced}" if blas_info else ""
     cores = f"{machine['cores']} cores, " if machine["cores"] else ""
     return (f"{machine['cpu']}, {cores}{machine['logical_cpus']} logical CPUs; Python {machine['python']}, "
             f"numpy {machine['numpy']}{library}")
