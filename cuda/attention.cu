@@ -156,7 +156,7 @@ __device__ void att_tile(const KVSide& side, float* tile, int stride, long long 
 template <int MODE, bool ROTATE>
 __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KVSide keys, KVSide values,
                                int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window,
-                               int ring_blocks, int shared_end, const int* tail_rows, int tail_len,
+                               int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len,
                                int has_tail, float scale, float* partials, int max_chunks) {
     const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
@@ -181,7 +181,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
     const int b_end = chunk * ATT_CHUNK_BLOCKS + ATT_CHUNK_BLOCKS - 1 < last ? chunk * ATT_CHUNK_BLOCKS
                                                                              + ATT_CHUNK_BLOCKS - 1 : last;
     geo.ring_blocks = ring_blocks;
-    geo.shared_end = shared_end;
+    geo.shared_end = *shared_end;          // on the device: a replayed verify graph's rounds differ
     geo.tail_rows = tail_rows;
     geo.tail_len = tail_len;
     geo.has_tail = has_tail;
@@ -256,7 +256,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
 extern __shared__ float att_smem[];
 
 #define ATT_TAIL_ARGS int slot, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
-    int ring_blocks, int shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \
+    int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \
     float* partials, int max_chunks
 #define ATT_TAIL_PASS slot, n_kv, n_rows, hd, group, positions, window, ring_blocks, shared_end, \
     tail_rows, tail_len, has_tail, scale, partials, max_chunks

@@ -50,9 +50,11 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
     q_dev = device.asarray(wide)[:, 3:3 + n_heads * head_dim].reshape(q.shape)
     out = device.zeros(q.shape, F)
     tail_dev = None if tail_rows is None else device.asarray(np.ascontiguousarray(tail_rows, np.int32))
+    tail_len = 0 if tail_rows is None else tail_rows.shape[1]
+    chunks = launch.max_chunks(kv_dev.rows, window, ring_blocks, shared_end, tail_len)
     launch.attention(device.module("attention"), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
-                     window, ring_blocks, shared_end, tail_dev, 0 if tail_rows is None else tail_rows.shape[1],
-                     scale, out, **({} if scratch is None else {"scratch": scratch}))
+                     window, ring_blocks, device.asarray(np.array([shared_end], np.int32)), tail_dev, tail_len,
+                     scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}))
     return device.to_host(out)
 
 

@@ -9,6 +9,7 @@ verify pass equals a sequential decode of each path bit for bit. With
 TINYLOOP_TEST_DEVICE=cuda (scripts/gpu_check.sh) the same tests run on CuPy and a GPU.
 """
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -55,7 +56,13 @@ class HarnessDevice:
     def upload_ints(self, buffer, values):
         buffer[...] = values
 
-    def capture(self, step):
+    def copy_into(self, target, source):
+        np.copyto(target, source)
+
+    def measure(self, step):
+        return step(), 0
+
+    def capture(self, step, arena_bytes=None):
         """What a CUDA graph does, as far as NumPy can: the step is recorded with the token
         and position of its capture, and a replay re-runs it, so any value that does not
         come from the step's device inputs is stale, as it would be in a replayed graph."""
@@ -163,3 +170,40 @@ def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, mode):
     assert caches[0].ring is not None and runner.steps == 110 and runner.replay is not None
     assert captured.backend.decode_runner(captured, caches[0], loops) is runner
     assert plain.backend.decode_runner(plain, caches[1], loops) is None
+
+
+@pytest.mark.parametrize("branches,window", [(1, 0), (3, 64)])
+def test_replayed_verify_passes_equal_plain_generation(tiny_files, branches, window):
+    """Graph-captured verify passes (graphs.py VerifyGraph, one per node count): greedy
+    speculative decoding with the decode step and every verify pass captured and replayed
+    equals plain generation token for token, a chain and a 3-branch tree, with a ring
+    buffer wrapping under the tree's paths. The first verify of a size warms up, the second
+    is captured with its positions and tree frozen in the step; later rounds replay it with
+    the new round's values in device buffers, so a value taken from the host would be stale."""
+    captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True)).model
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False)).model
+    prompt = [int(t) for t in np.random.default_rng(8 + branches).integers(3, 500, 40)]
+    request = GenerationRequest(prompt, 64, ignore_eos=True, cache_window=window)    # base crosses block 1
+    params = SpeculativeParams(1, 3, 3, branches)
+    expected = generate(plain, replace(request, loops=3)).tokens
+    got = speculative_generate(captured, request, params).tokens
+    assert got == expected
+    graphs = list(captured.backend._verify_graphs.values())
+    replayed = [g for g in graphs if g.replay is not None and g.steps >= 4]
+    assert replayed and all(g.tree == (branches > 1) for g in replayed), [(g.n_rows, g.tree, g.steps) for g in graphs]
+
+
+def test_tail_rows_bound_covers_every_tree_and_is_tight():
+    """A captured tree verify pads its path rows to tail_rows_bound(T): every T-node tree's
+    tail fits (the deepest tree, a chain of T nodes, at every base offset in a block), and
+    some base needs all of it."""
+    from tinyloop.backends.cuda.graphs import tail_rows_bound
+    from tinyloop.model.plan import Geometry, TreeRows, build_plan
+    for n_nodes in (1, 2, 3, 17, 64, 65):
+        widths = []
+        for base in range(0, 130):
+            positions = base + np.arange(n_nodes)
+            path_rows = np.tril(base + np.arange(n_nodes)[None, :].repeat(n_nodes, 0))      # node i: base..base+i
+            plan = build_plan(positions, base, Geometry(512, None, 0), tree=TreeRows(base, path_rows))
+            widths.append(plan.attention.n_tail * 64)
+        assert max(widths) == tail_rows_bound(n_nodes), (n_nodes, max(widths))

@@ -126,6 +126,11 @@ class Backend(abc.ABC):
         than model.forward (a captured CUDA graph), or None: the model then runs forward."""
         return None
 
+    def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):
+        """A callable (trunk, positions, write_row, tree_rows) -> logits (T, V) that runs
+        model.verify_pass for n_rows draft nodes faster (a captured CUDA graph), or None."""
+        return None
+
     # -- sampling support ----------------------------------------------------------------------
     @abc.abstractmethod
     def argmax(self, logits) -> np.ndarray:

@@ -174,6 +174,24 @@ class LoopedTransformer:
             return self.forward([token], [position], cache, loops)
         return runner(token, position)
 
+    def verify(self, trunk: Trunk, positions, write_row: int, tree: TreeRows | None, cache: KVCache, loops: int,
+               coda_base: int):
+        """A speculative verify pass: draft states `trunk` (T, D) at trunk.iterations, for T
+        draft nodes at `positions` from virtual row write_row (tree: their path rows, None for a
+        chain), resumed to `loops` core iterations, the coda at coda_base, the head. Through
+        the backend's verify runner where it has one (a CUDA graph per node count). -> (T, V)."""
+        runner = self.backend.verify_runner(self, cache, trunk.iterations, loops, coda_base, len(positions),
+                                            tree is not None)
+        if runner is None:
+            return self.verify_pass(trunk, positions, write_row, tree, cache, loops, coda_base)
+        return runner(trunk, positions, write_row, tree)
+
+    def verify_pass(self, trunk: Trunk, positions, write_row: int, tree: TreeRows | None, cache: KVCache,
+                    loops: int, coda_base: int):
+        plan = self.plan(positions, write_row, cache, tree=tree)
+        resumed = self.resume(trunk, plan, cache, loops)
+        return self.head(self.coda(resumed.hidden, plan, cache, coda_base))
+
     def _norm(self, h, norm_weights):
         weight, bias = norm_weights
         if self.config.norm == "rmsnorm":

@@ -27,7 +27,7 @@ import numpy as np
 from tinyloop.backends.base import Backend
 from tinyloop.backends.cpu.positions import rope_table
 from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
-from tinyloop.backends.cuda.graphs import DecodeGraph, graphs_enabled
+from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
 from tinyloop.backends.cuda.launch.kv import DeviceKV
@@ -47,7 +47,8 @@ class DevicePlan:
     write_rows: object             # (T,) physical rows of the new tokens
     window: int
     ring_blocks: int               # 0: no ring
-    shared_end: int                # logical block where tail_rows start (NO_TREE: none)
+    shared_end: int                # logical block where tail_rows start (NO_TREE: none), on the host
+    shared_end_dev: object | None  # (1,) the same on the device (what the kernels read)
     tail_rows: object | None       # (T, tail_len) physical rows, or None
     tail_len: int
 
@@ -62,7 +63,10 @@ class CudaBackend(Backend):
         self.graphs = graphs_enabled() if graphs is None else graphs
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
+        self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
+        self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
         self._attention_scratch = None   # float32 partials of split-context attention
+        self._retired_scratch = []       # smaller ones that captured graphs may still write
 
     def _module(self, name: str):
         return self.device.module(name)
@@ -120,13 +124,32 @@ class CudaBackend(Backend):
             graph = self._graph = DecodeGraph(self, model, cache, loops)     # one request at a time
         return graph
 
+    def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):
+        """The captured verify pass of this request for n_rows nodes (chain or tree), or None."""
+        if not self.graphs:
+            return None
+        key = (model, cache, from_iterations, loops, coda_base)
+        if self._verify_key is None or any(a is not b for a, b in zip(key, self._verify_key)):
+            self._verify_graphs, self._verify_key = {}, key                 # one request at a time
+        graph = self._verify_graphs.get((n_rows, tree))
+        if graph is None:
+            graph = VerifyGraph(self, model, cache, from_iterations, loops, coda_base, n_rows, tree)
+            self._verify_graphs[(n_rows, tree)] = graph
+        return graph
+
     def device_plan(self, plan) -> DevicePlan:
         """The plan's per-step values on the device, uploaded on first use in the forward."""
         cached = getattr(plan, "device_values", None)
         if cached is not None:
             return cached
         if self._static is not None:
-            values = DevicePlan(self._static.positions, self._static.rows, *self._geometry(plan), NO_TREE, None, 0)
+            s, a = self._static, plan.attention
+            if s.tail is not None:                  # a captured tree verify: its tree is on the device
+                shared_end = a.shared_end if a is not None else NO_TREE
+                values = DevicePlan(s.positions, s.rows, *self._geometry(plan), shared_end, s.shared_end,
+                                    s.tail, s.tail_len)
+            else:
+                values = DevicePlan(s.positions, s.rows, *self._geometry(plan), NO_TREE, None, None, 0)
             plan.device_values = values
             return values
         n = plan.n_tokens
@@ -134,14 +157,16 @@ class CudaBackend(Backend):
         if isinstance(rows, slice):
             rows = np.arange(rows.start, rows.stop)
         window, ring_blocks = self._geometry(plan)
-        tail, tail_len, shared_end = None, 0, NO_TREE
+        tail, tail_len, shared_end, shared_end_dev = None, 0, NO_TREE, None
         a = plan.attention
         if a is not None and a.n_tail:
             tail_len = a.n_tail * ATTENTION_BLOCK
-            tail = self._ints(np.asarray(a.tail_rows).reshape(n, tail_len))
             shared_end = a.shared_end
+            # one upload: shared_end, then the (T, tail_len) path rows
+            both = self._ints(np.concatenate([[shared_end], np.asarray(a.tail_rows).ravel()]))
+            shared_end_dev, tail = both[:1], both[1:].reshape(n, tail_len)
         values = DevicePlan(self._ints(plan.positions), self._ints(rows), window, ring_blocks,
-                            shared_end, tail, tail_len)
+                            shared_end, shared_end_dev, tail, tail_len)
         plan.device_values = values
         return values
 
@@ -195,17 +220,21 @@ class CudaBackend(Backend):
         d = self.device_plan(plan)
         out = self._empty(q.shape)
         scratch = None                       # a prefill's partials: the launcher sizes them
+        chunks = attention_launch.max_chunks(storage.rows, d.window, d.ring_blocks, d.shared_end, d.tail_len)
         if q.shape[0] <= MAX_FORWARD_ROWS:
-            chunks = attention_launch.max_chunks(storage.rows, d.window, d.ring_blocks, d.shared_end, d.tail_len)
             scratch = self._scratch(attention_launch.scratch_floats(q.shape[0], q.shape[1], q.shape[2], chunks))
         return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
-                                          d.ring_blocks, d.shared_end, d.tail_rows, d.tail_len, scale, out,
-                                          scratch=scratch)
+                                          d.ring_blocks, d.shared_end_dev, d.tail_rows, d.tail_len, scale, out,
+                                          scratch=scratch, chunks=chunks)
 
     def _scratch(self, n_floats: int):
         """The chunk partials of a step's attention: one buffer, reused by every layer (one
         stream orders them) and by a captured graph (allocated before, in the warm-up step)."""
         if self._attention_scratch is None or self._attention_scratch.size < n_floats:
+            if self._attention_scratch is not None:
+                # a graph captured earlier recorded the old buffer's address: keep it alive (sizes
+                # only grow, so a request retires a few buffers at most)
+                self._retired_scratch.append(self._attention_scratch)
             self._attention_scratch = self.xp.empty(n_floats, np.float32)
         return self._attention_scratch[:n_floats]
 

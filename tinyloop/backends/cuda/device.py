@@ -10,7 +10,8 @@ import numpy as np
 
 from tinyloop.backends.cuda.compile import compile_options, kernel_path
 
-ARENA_BYTES = 256 << 20      # every allocation of a captured decode step (doc-407m: ~10 MiB)
+ARENA_BYTES = 256 << 20      # a captured step's arena when its warm-up was not measured (doc-407m decode: ~10 MiB)
+ARENA_SLACK = 4 << 20        # on top of what the warm-up allocated (alignment, the host-side plan's uploads)
 EXTRA_HINT = "pip install -e '.[cuda12]' (CUDA 12) or '.[cuda13]' (CUDA 13)"
 
 
@@ -55,21 +56,47 @@ class CupyDevice:
 
     def upload_ints(self, buffer, values) -> None:
         """values -> an int32 device buffer of their length, in one copy, on the stream graphs replay on."""
-        with self._graph_stream():
+        with self._ordered_graph_stream():
             buffer.set(np.asarray(values, np.int32))
+
+    def copy_into(self, target, source) -> None:
+        """target[...] = source on the device, on the stream graphs replay on, after the work
+        that produced source (a draft forward on the current stream)."""
+        with self._ordered_graph_stream():
+            target[...] = source
 
     def _graph_stream(self):
         if self._stream is None:
             self._stream = self.xp.cuda.Stream(non_blocking=True)
         return self._stream
 
-    def capture(self, step):
-        """Record step() as a CUDA graph on a stream of its own, every allocation from an arena
-        kept with the graph; launch it once. -> (replay, the step's result), replay() relaunching
-        it and waiting for it (the result's memory is rewritten in place)."""
-        cp = self.xp
+    def _ordered_graph_stream(self):
+        """The graph stream, made to wait for everything queued so far on the current stream
+        (a non-blocking stream does not wait for the default one by itself)."""
         stream = self._graph_stream()
-        arena = Arena(cp, ARENA_BYTES)
+        stream.wait_event(self.xp.cuda.get_current_stream().record())
+        return stream
+
+    def measure(self, step):
+        """Run step() as usual, counting the device bytes it allocates. -> (result, bytes)."""
+        cp = self.xp
+        pool, total = cp.get_default_memory_pool(), [0]
+
+        def counting(size):
+            total[0] += -(-size // 256) * 256
+            return pool.malloc(size)
+        with cp.cuda.using_allocator(counting):
+            result = step()
+        return result, total[0]
+
+    def capture(self, step, arena_bytes=None):
+        """Record step() as a CUDA graph on a stream of its own, every allocation from an arena
+        kept with the graph (arena_bytes: what the step's warm-up allocated; None: ARENA_BYTES);
+        launch it once. -> (replay, the step's result), replay() relaunching it and waiting for
+        it (the result's memory is rewritten in place)."""
+        cp = self.xp
+        stream = self._ordered_graph_stream()
+        arena = Arena(cp, ARENA_BYTES if arena_bytes is None else arena_bytes + ARENA_SLACK)
         with cp.cuda.using_allocator(arena.malloc), stream:
             stream.begin_capture()
             try:
@@ -78,6 +105,7 @@ class CupyDevice:
                 graph = stream.end_capture()
 
         def replay():
+            self._ordered_graph_stream()
             graph.launch(stream)
             stream.synchronize()
         replay.arena = arena                  # the graph's memory lives as long as its replay

@@ -1,18 +1,21 @@
-"""A decode step captured once as a CUDA graph and replayed per token.
+"""Steps captured once as CUDA graphs and replayed: the decode step per token, and the
+speculative verify pass per draft-tree size.
 
 A decode step launches a few hundred small kernels (34 layer instances x ~10 for
 doc-407m at 8 loops): from Python each launch costs microseconds of host time, more
 than the kernel itself takes on an H200. A CUDA graph records the whole step once and
 replays it with one launch. What a replay may change lives in device buffers that the
-step reads (StepInputs: the token, its position, its physical cache row); everything
+step reads (StepInputs: the token, its position, its physical cache row; for a verify
+pass also its draft states, its tree's path rows and where they start); everything
 else the step allocates comes from one arena kept with the graph (so the addresses the
 graph recorded stay valid), and the kernels find blocks, masks and RoPE rows from the
-position on the device. Nothing in the step may copy from the host, synchronise or
+positions on the device. Nothing in the step may copy from the host, synchronise or
 call cuBLAS: the CUDA backend's kernels are all our own.
 
-Life cycle per request (one cache, one loop count): the first step runs as usual
-(compiling and loading every kernel), the second is captured, and every later one is
-a replay. TINYLOOP_CUDA_GRAPHS=0 turns capture off.
+Life cycle (one cache, one loop count; for verify passes one graph per node count and
+chain/tree): the first step runs as usual (compiling and loading every kernel, and
+measuring what it allocates, which sizes the arena), the second is captured, and every
+later one is a replay. TINYLOOP_CUDA_GRAPHS=0 turns capture off.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.model.plan import build_plan
+
 
 def graphs_enabled() -> bool:
     return os.environ.get("TINYLOOP_CUDA_GRAPHS", "1") not in ("0", "false", "no")
@@ -28,17 +34,45 @@ def graphs_enabled() -> bool:
 
 @dataclass
 class StepInputs:
-    """The per-step values of a one-token forward: one (3,) int32 device array, uploaded in
-    one copy per token, and a (1,) view of it per value."""
-    values: object
-    tokens: object
-    positions: object
-    rows: object
+    """The per-step values of a captured forward over T rows: one int32 device array, uploaded
+    in one copy per step, and views of it per value. A decode step: token, position, row
+    (T = 1). A verify pass: positions, rows, and for a tree shared_end and the path rows,
+    padded to the longest tail a tree of T nodes can have; its draft states (hidden,
+    injected) are float32 device buffers filled by device copies."""
+    values: object                 # (n,) int32
+    tokens: object                 # (T,) or None
+    positions: object              # (T,)
+    rows: object                   # (T,) physical rows of the new tokens
+    shared_end: object = None      # (1,) first logical block read through tail (trees)
+    tail: object = None            # (T, tail_len) physical rows along each node's path
+    hidden: object = None          # (T, D) draft states the verify pass resumes from
+    injected: object = None        # (T, D)
 
     @classmethod
     def allocate(cls, xp):
         values = xp.zeros(3, np.int32)
         return cls(values, values[0:1], values[1:2], values[2:3])
+
+    @classmethod
+    def allocate_verify(cls, xp, n_rows: int, tree: bool, d_model: int):
+        tail_len = tail_rows_bound(n_rows) if tree else 0
+        values = xp.zeros(2 * n_rows + (1 + n_rows * tail_len if tree else 0), np.int32)
+        positions, rows = values[:n_rows], values[n_rows:2 * n_rows]
+        shared_end = values[2 * n_rows:2 * n_rows + 1] if tree else None
+        tail = values[2 * n_rows + 1:].reshape(n_rows, tail_len) if tree else None
+        return cls(values, None, positions, rows, shared_end, tail,
+                   xp.zeros((n_rows, d_model), np.float32), xp.zeros((n_rows, d_model), np.float32))
+
+    @property
+    def tail_len(self) -> int:
+        return 0 if self.tail is None else self.tail.shape[1]
+
+
+def tail_rows_bound(n_nodes: int) -> int:
+    """The most tail rows a query of a T-node tree reads: its path spans positions base..base
+    + T - 1, so its tail blocks run from base // 64 to (base + T - 1) // 64, at most
+    (63 + T - 1) // 64 + 1 blocks (plan.py: shared_end is base's block or later)."""
+    return ((62 + n_nodes) // ATTENTION_BLOCK + 1) * ATTENTION_BLOCK
 
 
 class DecodeGraph:
@@ -52,18 +86,83 @@ class DecodeGraph:
         self.replay = None
         self.logits = None                   # (1, V): where every replay leaves its logits
 
+        self.arena_bytes = None
+
     def __call__(self, token: int, position: int):
         self.steps += 1
+        device = self.backend.device
         if self.steps == 1:                  # warm-up: compile and load every kernel, set attributes
-            return self.model.forward([token], [position], self.cache, self.loops)
+            logits, self.arena_bytes = device.measure(
+                lambda: self.model.forward([token], [position], self.cache, self.loops))
+            return logits
         row = int(self.cache.geometry.physical(position))
-        self.backend.device.upload_ints(self.inputs.values, [token, position, row])
+        device.upload_ints(self.inputs.values, [token, position, row])
         with self.backend.static_inputs(self.inputs):
             if self.replay is None:
                 # the closure's token and position are frozen, as in a recorded graph: only
                 # the host-side checks see them; the kernels read self.inputs
-                self.replay, self.logits = self.backend.device.capture(
-                    lambda: self.model.forward([token], [position], self.cache, self.loops))
+                self.replay, self.logits = device.capture(
+                    lambda: self.model.forward([token], [position], self.cache, self.loops), self.arena_bytes)
             else:
                 self.replay()
         return self.logits
+
+
+class VerifyGraph:
+    """model.verify_pass(...) over T draft nodes (a chain or a tree) for one request, as a
+    replayed graph: the speculative verify resumes the draft states at `from_iterations`
+    to `loops` core iterations, runs the coda at coda_base and the head. -> (T, V) logits."""
+
+    def __init__(self, backend, model, cache, from_iterations: int, loops: int, coda_base: int,
+                 n_rows: int, tree: bool):
+        self.backend, self.model, self.cache = backend, model, cache
+        self.from_iterations, self.loops, self.coda_base = from_iterations, loops, coda_base
+        self.n_rows, self.tree = n_rows, tree
+        self.inputs = StepInputs.allocate_verify(backend.xp, n_rows, tree, model.config.dim)
+        self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
+
+    def _run(self, trunk, positions, write_row, tree_rows):
+        return self.model.verify_pass(trunk, positions, write_row, tree_rows, self.cache, self.loops,
+                                      self.coda_base)
+
+    def __call__(self, trunk, positions, write_row: int, tree_rows):
+        """trunk: the draft states (T, D) at from_iterations; positions (T,); tree_rows:
+        TreeRows or None (a chain), as the plan takes them."""
+        if (tree_rows is not None) != self.tree or len(positions) != self.n_rows:
+            raise ValueError(f"a verify graph of {self.n_rows} {'tree' if self.tree else 'chain'} rows "
+                             f"cannot run {len(positions)} {'tree' if tree_rows is not None else 'chain'} rows")
+        self.steps += 1
+        device = self.backend.device
+        if self.steps == 1:
+            logits, self.arena_bytes = device.measure(lambda: self._run(trunk, positions, write_row, tree_rows))
+            return logits
+        device.upload_ints(self.inputs.values, self._step_values(positions, write_row, tree_rows))
+        device.copy_into(self.inputs.hidden, trunk.hidden)
+        device.copy_into(self.inputs.injected, trunk.injected)
+        static = type(trunk)(self.inputs.hidden, self.inputs.injected, trunk.iterations)
+        with self.backend.static_inputs(self.inputs):
+            if self.replay is None:
+                # positions, rows and the tree are frozen in the closure, as in a recorded
+                # graph; the kernels read self.inputs
+                self.replay, self.logits = device.capture(
+                    lambda: self._run(static, positions, write_row, tree_rows), self.arena_bytes)
+            else:
+                self.replay()
+        return self.logits
+
+    def _step_values(self, positions, write_row: int, tree_rows) -> np.ndarray:
+        """The int32 values of StepInputs.values for this round, from the host plan."""
+        positions = np.asarray(positions, np.int64)
+        plan = build_plan(positions, write_row, self.cache.geometry, True, tree_rows)
+        rows = plan.write_rows
+        rows = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
+        parts = [positions, rows]
+        if self.tree:
+            a = plan.attention
+            tail = np.zeros((self.n_rows, self.inputs.tail_len), np.int64)
+            if a.n_tail:
+                if a.tail_rows.shape[1] > tail.shape[1]:
+                    raise AssertionError(f"a tail of {a.tail_rows.shape[1]} rows past tail_rows_bound {tail.shape[1]}")
+                tail[:, :a.tail_rows.shape[1]] = a.tail_rows
+            parts += [np.array([a.shared_end]), tail.ravel()]
+        return np.concatenate(parts)

@@ -145,10 +145,9 @@ class SpeculativeDecoder:
         xp = model.backend.xp
         hidden = xp.concatenate([t.hidden for t in fed] + [trunk.hidden])
         injected = xp.concatenate([t.injected for t in fed] + [trunk.injected])
-        plan = self._plan(tree, list(range(len(tree.nodes))))
-        trunk = model.resume(Trunk(hidden, injected, d), plan, self.cache, v)
-        hidden = model.coda(trunk.hidden, plan, self.cache, self.verify_coda)
-        return model.head(hidden)
+        positions, write_row, tree_rows = tree.placement(list(range(len(tree.nodes))))
+        return model.verify(Trunk(hidden, injected, d), positions, write_row, tree_rows, self.cache, v,
+                            self.verify_coda)
 
     def _accept(self, tree: DraftTree, logits) -> tuple[list[int], int]:
         """Walk from the root: accepted node indexes, and the verifier's next token."""

@@ -83,12 +83,17 @@ def _array_module(out):
 
 
 def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ring_blocks: int,
-              shared_end: int, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None):
+              shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
-    shared_end: first block read through tail_rows_dev (T, tail_len) int32 physical rows (a
-    draft tree's paths; None and any shared_end without a tree); out (T, H, hd) float32
-    contiguous <- attention over `slot` of kv.
+    shared_end_dev (1,) int32 on the device: first block read through tail_rows_dev (T, tail_len)
+    int32 physical rows (a draft tree's paths; None without a tree, and shared_end_dev is then
+    not read). Both live on the device so that a captured verify graph reads each round's tree;
+    tail_len may exceed the tree's tail (padding past a query's blocks is never read).
+    out (T, H, hd) float32 contiguous <- attention over `slot` of kv.
+
+    chunks: the grid's z, max_chunks(...) of the geometry; None: max_chunks(rows, window,
+    ring_blocks), which bounds every tree whose tail stays inside the cache's rows.
 
     scratch: contiguous float32 device array for the chunk partials (any shape; None:
     allocated here, at most SCRATCH_BUDGET bytes). It holds n queries' partials,
@@ -112,8 +117,10 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
                          f"{tail_rows_dev.shape} {tail_rows_dev.dtype}")
     if ring_blocks and ring_blocks * ATTENTION_BLOCK > kv.rows:
         raise ValueError(f"attention: a ring of {ring_blocks} blocks in {kv.rows} rows")
-    chunks = max_chunks(kv.rows, window, ring_blocks, shared_end if has_tail else NO_TREE,
-                        tail_len if has_tail else 0)
+    if has_tail and (shared_end_dev is None or shared_end_dev.shape != (1,) or shared_end_dev.dtype != np.int32):
+        raise ValueError("attention: a tree tail needs shared_end as a (1,) int32 device array")
+    if chunks is None:
+        chunks = max_chunks(kv.rows, window, ring_blocks)
     if chunks > MAX_GRID_Z:
         raise ValueError(f"attention: {chunks} chunks exceed the grid's {MAX_GRID_Z}")
     per_query = partial_floats(n_heads, head_dim, chunks)
@@ -145,7 +152,7 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
                  (q[start:stop], q_stride, *kv.keys.values(), *kv.values.values(),
                   np.int32(slot), np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim), np.int32(group),
                   positions, np.int32(window), np.int32(ring_blocks or 0),
-                  np.int32(shared_end if has_tail else NO_TREE),
+                  shared_end_dev if has_tail else positions,      # not read without a tail
                   tail_rows_dev[start:stop] if has_tail else positions,
                   np.int32(tail_len if has_tail else 0), np.int32(has_tail), np.float32(scale),
                   scratch, np.int32(chunks)),
