@@ -212,10 +212,16 @@ def cmd_quantize(args) -> int:
 
 def cmd_convert(args) -> int:
     from tinyloop.convert.from_gguf import convert_gguf
+    from tinyloop.convert.from_hf import convert_hf, is_hf_checkpoint
 
-    config = convert_gguf(args.input, args.output, progress=not args.quiet)
-    print(f"wrote {args.output}: {config.name}, {config.n_core} layers, dim {config.dim}, "
-          f"vocab {config.vocab_size}")
+    if is_hf_checkpoint(args.input):
+        config = convert_hf(args.input, args.output, progress=not args.quiet)
+    else:
+        config = convert_gguf(args.input, args.output, progress=not args.quiet)
+    stages = f"{config.n_prelude}+{config.n_core}x{config.default_loops}+{config.n_coda}" \
+        if config.max_loops > 1 else f"{config.n_core}"
+    print(f"wrote {args.output}: {config.name}, {stages} layers (loops {config.min_loops}-{config.max_loops}), "
+          f"dim {config.dim}, vocab {config.vocab_size}")
     return 0
 
 
@@ -315,10 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize embeddings and head (RTN)")
     p.set_defaults(func=cmd_quantize)
 
-    p = sub.add_parser("convert", help="convert a GGUF (llama architecture) model to .tinyloop",
-                       description="Convert a GGUF v2/v3 llama-architecture model to .tinyloop without loss. "
-                                   "Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1.")
-    p.add_argument("input", help="the .gguf file")
+    p = sub.add_parser("convert", help="convert a Hugging Face checkpoint directory or a GGUF file to .tinyloop",
+                       description="Convert to .tinyloop without loss. A Hugging Face directory (config.json, "
+                                   "model.safetensors or shards with model.safetensors.index.json, tokenizer.json, "
+                                   "tokenizer_config.json): architectures LlamaForCausalLM, OuroForCausalLM "
+                                   "(Ouro, looped 1-total_ut_steps times, early-exit gate) and RavenForCausalLM "
+                                   "(Huginn-0125 / retrofitted recurrence, 1-64 loops); bf16/fp16/fp32 weights, "
+                                   "written one tensor at a time. A GGUF v2/v3 llama model; tensor types F32, "
+                                   "F16, BF16, Q8_0, Q4_0, Q4_1. Other architectures are refused by name.")
+    p.add_argument("input", help="a Hugging Face checkpoint directory, or a .gguf file")
     p.add_argument("output", help="the .tinyloop file to write")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_convert)
