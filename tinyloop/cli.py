@@ -8,9 +8,23 @@ from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
 
 
+def _loops_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
+
+
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loops", type=int, default=None,
-                        help="core loop count (default: the model's default_loops)")
+    parser.add_argument("--loops", type=_loops_arg, default=None,
+                        help="core loop count (default: the model's default_loops), or 'auto': adaptive depth "
+                             "per token, up to default_loops (Ouro's exit gate; the KL rule for other models)")
+    parser.add_argument("--exit-threshold", type=float, default=None,
+                        help="with --loops auto: a gated model stops a token once its cumulative exit "
+                             "probability reaches this (0-1, higher = deeper); others once the KL divergence "
+                             "between successive iterations falls below it (default: the model's)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -36,7 +50,8 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
-                                sampling=sampling, cache_window=args.cache_window, stop_strings=tuple(args.stop))
+                                sampling=sampling, cache_window=args.cache_window, stop_strings=tuple(args.stop),
+                                exit_threshold=args.exit_threshold)
     out = sys.stdout
     if args.echo:
         out.write(args.prompt)
@@ -44,8 +59,13 @@ def cmd_generate(args) -> int:
                       tokenizer=loaded.tokenizer)
     out.write(result.text_tail + "\n")
     out.flush()
+    loops = result.loops
+    if result.loops_used is not None:
+        from tinyloop.engine.adaptive import loops_summary
+        summary = loops_summary(result.loops_used)
+        loops = f"auto (mean {summary['mean']:.2f}, histogram {summary['histogram']})"
     print(f"[{result.finish_reason}] prompt {result.prompt_tokens} tokens, completion "
-          f"{result.completion_tokens} tokens, loops {result.loops}, {result.wall_s * 1000:.0f} ms, "
+          f"{result.completion_tokens} tokens, loops {loops}, {result.wall_s * 1000:.0f} ms, "
           f"prefill {result.prefill_s * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
           file=sys.stderr)
     return 0

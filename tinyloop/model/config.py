@@ -66,7 +66,10 @@ class ModelConfig:
     qk_bias: bool = False           # biases on the q and k projections only (per head)
     embed_scale: float = 1.0        # token embeddings are multiplied by this
     exit_gate: bool = False         # a learned early-exit gate `exit_gate` (D -> 1) read after every iteration
-    exit_threshold: float = 0.5     # the default threshold of adaptive depth (loops "auto")
+    # the default threshold of adaptive depth (loops "auto"): with an exit gate, the cumulative
+    # exit probability at which a token stops (1.0: never early); without one, the KL divergence
+    # between successive iterations' outputs below which it stops (Huginn's default, 1e-3)
+    exit_threshold: float = 1e-3
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "tinyloop-model"
@@ -89,9 +92,9 @@ class ModelConfig:
         for name in ("state_std", "embed_scale"):
             _require_positive_float(name, self.state_std if name == "state_std" else self.embed_scale,
                                     allow_zero=name == "state_std")
-        if not (isinstance(self.exit_threshold, (int, float)) and not isinstance(self.exit_threshold, bool)
-                and 0.0 <= self.exit_threshold <= 1.0):
-            raise ConfigError(f"exit_threshold must be a number in [0, 1], got {self.exit_threshold!r}")
+        _require_positive_float("exit_threshold", self.exit_threshold, allow_zero=True)
+        if self.exit_gate and self.exit_threshold > 1:
+            raise ConfigError(f"exit_threshold of a gated model is a probability in [0, 1], got {self.exit_threshold}")
         for name in ("bias", "tied_head", "qk_bias", "exit_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
