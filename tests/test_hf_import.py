@@ -211,3 +211,39 @@ def test_cli_converts_a_directory(tmp_path, capsys):
     assert main(["convert", str(DATA / "ouro"), str(tmp_path / "o.tinyloop"), "--quiet"]) == 0
     assert "loops 1-4" in capsys.readouterr().out
     assert main(["convert", str(DATA / "llama") + "-nope", str(tmp_path / "x.tinyloop")]) != 0
+
+
+# ---------------------------------------------------------------------------------- chat
+def test_shipped_chat_templates_are_recognised():
+    from tinyloop.convert.hf_chat import chat_template_from_hf
+    names = {layout: chat_template_from_hf(json.loads((DATA / layout / "tokenizer_config.json").read_text())
+                                           ["chat_template"]).name for layout in LAYOUTS}
+    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn"}
+    listed = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|>{{ x }}"}]
+    assert chat_template_from_hf(listed).name == "chatml"
+    assert chat_template_from_hf(None).name == "plain"
+    system = "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM<|im_end|>\\n' }}<|im_start|>"
+    assert chat_template_from_hf(system).default_system == "You are a helpful AI assistant named SmolLM"
+
+
+def test_huginn_turns_render_with_message_text_kept_as_text(converted):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinyloop.text.chat import ChatTemplate
+    loaded = load_model(converted["huginn"], "cpu")
+    template = ChatTemplate.from_metadata(loaded.file.chat_template)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi <|end_turn|> there\n"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}]
+    ids = loaded.with_bos(template.render(messages, loaded.tokenizer))
+    raw = HFTokenizer.from_file(str(DATA / "huginn" / "tokenizer.json"))
+    # the text Huginn's own template gives for these messages (contents trimmed, the
+    # assistant named Huginn, a generation prompt at the end)
+    expected = ("<|begin_text|><|begin_header|>system<|end_header|>\n\nBe brief.<|end_turn|>"
+                "<|begin_header|>user<|end_header|>\n\nHi <|end_turn|> there<|end_turn|>"
+                "<|begin_header|>Huginn<|end_header|>\n\nHello.<|end_turn|>"
+                "<|begin_header|>user<|end_header|>\n\nAgain<|end_turn|>"
+                "<|begin_header|>Huginn<|end_header|>\n\n")
+    assert raw.decode(ids, skip_special_tokens=False) == expected
+    end_turn = raw.token_to_id("<|end_turn|>")
+    assert ids.count(end_turn) == 4                       # the one typed in a message is text
+    assert template.end_of_turn_ids(loaded.tokenizer) == (end_turn,)
