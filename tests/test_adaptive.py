@@ -93,8 +93,7 @@ def test_kl_rule_exits_at_the_first_small_divergence(paths):
     previous = [np.full_like(log_p[0], -np.log(log_p[0].size))] + log_p[:-1]
     kl = [float(np.sum(np.exp(p) * (p - q))) for p, q in zip(previous, log_p)]
     seen = set()
-    ordered = sorted(kl)
-    for threshold in [(a + b) / 2 for a, b in zip(ordered, ordered[1:])] + [0.0, max(kl) * 2]:
+    for threshold in np.geomspace(min(kl) / 2, max(kl) * 2, 80):
         expected = next((n + 1 for n, value in enumerate(kl) if value < threshold), depth)
         decoder = decoder_after(model, prompt[:-1], threshold)
         logits, used = decoder.decode(prompt[-1], len(prompt) - 1)
@@ -102,6 +101,19 @@ def test_kl_rule_exits_at_the_first_small_divergence(paths):
         assert np.abs(model.backend.to_host(logits)[0] - rows[used - 1]).max() <= 1e-4
         seen.add(used)
     assert len(seen) > 1
+
+
+def test_a_cumulative_probability_equal_to_the_threshold_exits(paths):
+    """Ouro's rule is CDF >= threshold: a threshold of exactly lambda_1 exits after one loop."""
+    model = load_model(paths["ouro"], "cpu", kv_mode="fp32").model
+    prompt = [int(t) for t in np.load(DATA / "ouro" / "golden.npz")["prompt"]]
+    probe = decoder_after(model, prompt[:4], 1.0)
+    plan = model.plan(np.array([4]), 4, probe.cache)
+    lam = float(model.exit_lambda(model.trunk(prompt[4:5], plan, probe.cache, 1).hidden)[0])
+    _, used = decoder_after(model, prompt[:4], lam).decode(prompt[4], 4)
+    assert used == 1
+    _, used = decoder_after(model, prompt[:4], np.nextafter(lam, 1.0)).decode(prompt[4], 4)
+    assert used > 1
 
 
 def test_skipped_iterations_hold_the_last_computed_kv(paths):
