@@ -28,7 +28,10 @@ async def list_models(request, extended: bool = False):
         entry.update({"type": "llm", "publisher": "tinyloop", "arch": info["arch"],
                       "compatibility_type": "tinyloop", "quantization": info["quant"], "state": "loaded",
                       "max_context_length": info["max_seq_len"], "loops": {
-                          "default": info["default_loops"], "min": info["min_loops"], "max": info["max_loops"]}})
+                          "default": info["default_loops"], "min": info["min_loops"], "max": info["max_loops"],
+                          # what loops "auto" does on this model, and its default exit_threshold
+                          "auto": {"criterion": "exit_gate" if state.loaded.config.exit_gate else "kl",
+                                   "exit_threshold": state.loaded.config.exit_threshold}}})
     await send_json(request.send, 200, {"object": "list", "data": [entry]})
 
 

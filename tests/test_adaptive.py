@@ -177,6 +177,11 @@ def post(app, path, body):
     return run(call(app, "POST", path, body))
 
 
+def test_models_say_what_auto_does(app):
+    loops = run(call(app, "GET", "/api/v0/models")).json()["data"][0]["loops"]
+    assert loops == {"default": 4, "min": 1, "max": 4, "auto": {"criterion": "exit_gate", "exit_threshold": 1.0}}
+
+
 def test_http_auto_loops_report_mean_and_histogram(app):
     body = {"prompt": "hello", "max_tokens": 12, "temperature": 0, "loops": "auto", "exit_threshold": 0.5}
     response = post(app, "/api/v0/completions", {"model": "m", **body})

@@ -247,3 +247,15 @@ def test_huginn_turns_render_with_message_text_kept_as_text(converted):
     end_turn = raw.token_to_id("<|end_turn|>")
     assert ids.count(end_turn) == 4                       # the one typed in a message is text
     assert template.end_of_turn_ids(loaded.tokenizer) == (end_turn,)
+
+
+def test_cli_generates_with_adaptive_depth(converted, capsys):
+    from tinyloop.cli import main
+    assert main(["generate", str(converted["ouro"]), "Hello", "--max-tokens", "6", "--loops", "auto",
+                 "--exit-threshold", "0.5", "--kv-cache", "fp32"]) == 0
+    err = capsys.readouterr().err
+    assert "loops auto (mean" in err and "histogram" in err
+    assert main(["generate", str(converted["ouro"]), "Hello", "--loops", "auto", "--exit-threshold", "2"]) == 2
+    assert "exit_threshold must be a cumulative exit probability" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", str(converted["ouro"]), "Hello", "--loops", "deep"])
