@@ -43,6 +43,10 @@ COMPLETIONS_UNSUPPORTED = {
     "best_of": _default_or_none(1),
 }
 
+EXIT_THRESHOLD_DOC = ("With loops \"auto\": a gated model (Ouro) stops a token once its cumulative exit "
+                      "probability reaches this (0-1; higher = deeper); others stop when the KL divergence "
+                      "between successive iterations' outputs falls below it. Default: the model's")
+
 SAMPLING_V1 = {
     "model": Field("string", required=True, doc="Echoed into the response"),
     "max_tokens": Field("integer", None, low=1, high=8192,
@@ -58,7 +62,7 @@ SAMPLING_V1 = {
     "seed": Field("integer", None, low=SEED_LOW, high=SEED_HIGH, doc="Deterministic sampling"),
     "presence_penalty": Field("number", 0.0, low=-2.0, high=2.0, doc="Additive, by presence (OpenAI)"),
     "frequency_penalty": Field("number", 0.0, low=-2.0, high=2.0, doc="Additive, by count (OpenAI)"),
-    "loops": Field("integer", None, low=1, high=64, doc="TinyLoop extension: loop depth"),
+    "loops": Field("loops", None, doc="TinyLoop extension: loop depth, or \"auto\" (adaptive depth per token)"),
     "user": Field("string", None, doc="Accepted and ignored"),
 }
 LMSTUDIO_EXTRAS = {
@@ -70,6 +74,7 @@ LMSTUDIO_EXTRAS = {
     "cache_window": Field("integer", 0, low=0, doc="Attend to the last N positions only, with a bounded "
                                                   "ring-buffer cache (0 = full)"),
     "repetition_penalty": Field("number", 1.0, low=0.5, high=2.0),
+    "exit_threshold": Field("number", None, low=0.0, doc=EXIT_THRESHOLD_DOC),
 }
 ELSEWHERE = {name: "it is a TinyLoop extension accepted on /api/v0/*" for name in LMSTUDIO_EXTRAS}
 
@@ -80,7 +85,8 @@ COMPLETION = {"prompt": Field("completion_prompt", required=True, doc="String (o
 NATIVE = {
     "prompt": Field("native_prompt", required=True, doc="Text or token ids"),
     "max_tokens": Field("integer", None, low=1, high=8192, doc="Default 128, lowered to the room left"),
-    "loops": Field("integer", None, low=1, high=64, doc="Default: the model's default_loops"),
+    "loops": Field("loops", None, doc="Default: the model's default_loops; \"auto\": adaptive depth per token"),
+    "exit_threshold": Field("number", None, low=0.0, doc=EXIT_THRESHOLD_DOC),
     "temperature": Field("number", 0.0, low=0.0, high=2.0),
     "top_k": Field("integer", 50, low=0, high=1000),
     "top_p": Field("number", 0.9, low=0.0, high=1.0),
@@ -91,7 +97,7 @@ NATIVE = {
     "cache_window": Field("integer", 0, low=0),
 }
 NATIVE_SPECULATIVE = {
-    **{k: v for k, v in NATIVE.items() if k != "loops"},
+    **{k: v for k, v in NATIVE.items() if k not in ("loops", "exit_threshold")},
     "draft_loops": Field("integer", 2, low=1, high=32),
     "verify_loops": Field("integer", 8, low=1, high=64),
     "draft_ahead": Field("integer", 4, low=1, high=MAX_DRAFT_AHEAD),

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 import uuid
 
+from tinyloop.engine.adaptive import loops_summary
+
 from .fields import (
     CHAT,
     COMPLETION,
@@ -26,7 +28,10 @@ async def list_models(request, extended: bool = False):
         entry.update({"type": "llm", "publisher": "tinyloop", "arch": info["arch"],
                       "compatibility_type": "tinyloop", "quantization": info["quant"], "state": "loaded",
                       "max_context_length": info["max_seq_len"], "loops": {
-                          "default": info["default_loops"], "min": info["min_loops"], "max": info["max_loops"]}})
+                          "default": info["default_loops"], "min": info["min_loops"], "max": info["max_loops"],
+                          # what loops "auto" does on this model, and its default exit_threshold
+                          "auto": {"criterion": "exit_gate" if state.loaded.config.exit_gate else "kl",
+                                   "exit_threshold": state.loaded.config.exit_threshold}}})
     await send_json(request.send, 200, {"object": "list", "data": [entry]})
 
 
@@ -42,7 +47,9 @@ def stats(outcome: Outcome) -> dict:
     out = {"wall_ms": round(wall_ms, 3),
            "tokens_per_second": round(outcome.completion_tokens / result.wall_s, 3) if result.wall_s else 0.0,
            "prompt_tokens": result.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-           "mode": result.mode, "loops_used": result.loops,
+           "mode": result.mode,
+           # adaptive depth: {mean, histogram} of the generated tokens' depths; else the loop count
+           "loops_used": result.loops if result.loops_used is None else loops_summary(result.loops_used),
            "time_to_first_token_ms": None if outcome.time_to_first_token_ms is None
            else round(outcome.time_to_first_token_ms, 3)}
     if result.speculative is not None:

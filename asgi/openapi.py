@@ -31,6 +31,7 @@ KIND_SCHEMAS = {
         "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
         "name": {"type": "string"}}}},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "loops": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},
 }
 ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},

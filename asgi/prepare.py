@@ -51,7 +51,7 @@ def _speculative(state, values, mode):
 
 def _loops(state, values):
     loops = values.get("loops")
-    if loops is not None:
+    if loops is not None and loops != "auto":
         _engine_errors(lambda: state.loaded.config.check_loops(loops))
     return loops
 
@@ -71,7 +71,7 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
     speculative = _speculative(state, values, mode)
     return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
                              sampling, tuple(stop_ids), tuple(stop_strings), cache_window=values.get("cache_window") or 0,
-                             mode=mode, speculative=speculative)
+                             mode=mode, speculative=speculative, exit_threshold=values.get("exit_threshold"))
 
 
 def prompt_ids_of(state, prompt) -> list:
@@ -103,4 +103,4 @@ def prepare_native(state, values, mode: str) -> GenerationRequest:
     max_tokens = fit_max_tokens(state, len(prompt_ids), values["max_tokens"])
     return GenerationRequest(prompt_ids, max_tokens, _loops(state, values), sampling, tuple(stop_ids),
                              tuple(stop_strings), cache_window=values["cache_window"], mode=mode,
-                             speculative=speculative)
+                             speculative=speculative, exit_threshold=values.get("exit_threshold"))

@@ -243,7 +243,19 @@ def _stream_options(name, value):
     return value
 
 
+def _loops(name, value):
+    """An integer loop count in [1, 64], or "auto" (adaptive depth per token)."""
+    if value == "auto":
+        return value
+    if not _is_int(value):
+        raise unprocessable(f"'{name}' must be an integer or \"auto\", got {describe(value)}", name)
+    if not 1 <= value <= 64:
+        raise bad_request(f"'{name}' must be in [1, 64] or \"auto\", got {value}", name)
+    return value
+
+
 CUSTOM_KINDS = {
+    "loops": _loops,
     "stop": _stop_strings,
     "native_stop": _native_stop,
     "native_prompt": _native_prompt,

@@ -35,7 +35,11 @@ def random_config(rng, vocab_size) -> ModelConfig:
         default_loops=max_loops, min_loops=1, max_loops=max_loops,
         norm=norm_mlp[0], mlp=norm_mlp[1], positions=str(rng.choice(["rope", "learned"])),
         bias=bool(rng.integers(2)), tied_head=bool(rng.integers(2)),
-        input_injection=str(rng.choice(["none", "add"])), eos_token_ids=(0,))
+        input_injection=str(rng.choice(["none", "add", "concat"])), eos_token_ids=(0,),
+        # the options of Ouro / Huginn layouts (hf_layouts.py), in any combination
+        post_norm=str(rng.choice(["none", "branch", "sum"])), loop_norm=str(rng.choice(["none", "between", "after"])),
+        initial_state=str(rng.choice(["prelude", "random"])), state_std=0.5, state_seed=int(rng.integers(100)),
+        qk_bias=bool(rng.integers(2)), embed_scale=float(rng.choice([1.0, 2.0])), exit_gate=bool(rng.integers(2)))
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,23 @@ from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
 
 
+def _loops_arg(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
+
+
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loops", type=int, default=None,
-                        help="core loop count (default: the model's default_loops)")
+    parser.add_argument("--loops", type=_loops_arg, default=None,
+                        help="core loop count (default: the model's default_loops), or 'auto': adaptive depth "
+                             "per token, up to default_loops (Ouro's exit gate; the KL rule for other models)")
+    parser.add_argument("--exit-threshold", type=float, default=None,
+                        help="with --loops auto: a gated model stops a token once its cumulative exit "
+                             "probability reaches this (0-1, higher = deeper); others once the KL divergence "
+                             "between successive iterations falls below it (default: the model's)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
@@ -36,7 +50,8 @@ def cmd_generate(args) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
     request = GenerationRequest(prompt_ids, max_tokens=args.max_tokens, loops=args.loops,
-                                sampling=sampling, cache_window=args.cache_window, stop_strings=tuple(args.stop))
+                                sampling=sampling, cache_window=args.cache_window, stop_strings=tuple(args.stop),
+                                exit_threshold=args.exit_threshold)
     out = sys.stdout
     if args.echo:
         out.write(args.prompt)
@@ -44,8 +59,13 @@ def cmd_generate(args) -> int:
                       tokenizer=loaded.tokenizer)
     out.write(result.text_tail + "\n")
     out.flush()
+    loops = result.loops
+    if result.loops_used is not None:
+        from tinyloop.engine.adaptive import loops_summary
+        summary = loops_summary(result.loops_used)
+        loops = f"auto (mean {summary['mean']:.2f}, histogram {summary['histogram']})"
     print(f"[{result.finish_reason}] prompt {result.prompt_tokens} tokens, completion "
-          f"{result.completion_tokens} tokens, loops {result.loops}, {result.wall_s * 1000:.0f} ms, "
+          f"{result.completion_tokens} tokens, loops {loops}, {result.wall_s * 1000:.0f} ms, "
           f"prefill {result.prefill_s * 1000:.0f} ms, decode {result.decode_tokens_per_second:.1f} tok/s",
           file=sys.stderr)
     return 0
@@ -212,10 +232,16 @@ def cmd_quantize(args) -> int:
 
 def cmd_convert(args) -> int:
     from tinyloop.convert.from_gguf import convert_gguf
+    from tinyloop.convert.from_hf import convert_hf, is_hf_checkpoint
 
-    config = convert_gguf(args.input, args.output, progress=not args.quiet)
-    print(f"wrote {args.output}: {config.name}, {config.n_core} layers, dim {config.dim}, "
-          f"vocab {config.vocab_size}")
+    if is_hf_checkpoint(args.input):
+        config = convert_hf(args.input, args.output, progress=not args.quiet)
+    else:
+        config = convert_gguf(args.input, args.output, progress=not args.quiet)
+    stages = f"{config.n_prelude}+{config.n_core}x{config.default_loops}+{config.n_coda}" \
+        if config.max_loops > 1 else f"{config.n_core}"
+    print(f"wrote {args.output}: {config.name}, {stages} layers (loops {config.min_loops}-{config.max_loops}), "
+          f"dim {config.dim}, vocab {config.vocab_size}")
     return 0
 
 
@@ -315,10 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize embeddings and head (RTN)")
     p.set_defaults(func=cmd_quantize)
 
-    p = sub.add_parser("convert", help="convert a GGUF (llama architecture) model to .tinyloop",
-                       description="Convert a GGUF v2/v3 llama-architecture model to .tinyloop without loss. "
-                                   "Tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1.")
-    p.add_argument("input", help="the .gguf file")
+    p = sub.add_parser("convert", help="convert a Hugging Face checkpoint directory or a GGUF file to .tinyloop",
+                       description="Convert to .tinyloop without loss. A Hugging Face directory (config.json, "
+                                   "model.safetensors or shards with model.safetensors.index.json, tokenizer.json, "
+                                   "tokenizer_config.json): architectures LlamaForCausalLM, OuroForCausalLM "
+                                   "(Ouro, looped 1-total_ut_steps times, early-exit gate) and RavenForCausalLM "
+                                   "(Huginn-0125 / retrofitted recurrence, 1-64 loops); bf16/fp16/fp32 weights, "
+                                   "written one tensor at a time. A GGUF v2/v3 llama model; tensor types F32, "
+                                   "F16, BF16, Q8_0, Q4_0, Q4_1. Other architectures are refused by name.")
+    p.add_argument("input", help="a Hugging Face checkpoint directory, or a .gguf file")
     p.add_argument("output", help="the .tinyloop file to write")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_convert)

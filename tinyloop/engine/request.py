@@ -14,7 +14,7 @@ MODES = ("generate", "speculative", "tree_speculative")
 class GenerationRequest:
     prompt_ids: list
     max_tokens: int = 128
-    loops: int | None = None                  # None: the model's default_loops (plain generation)
+    loops: int | str | None = None            # None: the model's default_loops; "auto": adaptive depth
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: tuple = ()                # in addition to the model's eos ids
     stop_strings: tuple = ()                  # matched on the decoded text (needs the tokenizer)
@@ -22,6 +22,7 @@ class GenerationRequest:
     cache_window: int = 0                     # > 0: attend to the last cache_window positions only
     mode: str = "generate"                    # generate | speculative | tree_speculative
     speculative: SpeculativeParams | None = None   # draft/verify settings of the speculative modes
+    exit_threshold: float | None = None       # loops "auto": the exit criterion's threshold (None: the model's)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class GenerationResult:
     stop_token_id: int | None = None
     mode: str = "generate"
     speculative: object | None = None   # SpeculativeStats for the speculative modes
+    loops_used: list | None = None      # loops "auto": the depth each generated token ran at
     text: str | None = None             # the released text (with a tokenizer): stop strings cut
     text_tail: str = ""                 # released only at the end (held back for stop strings)
 
@@ -56,7 +58,15 @@ def check_request(model, request: GenerationRequest) -> int:
     c = model.config
     if request.mode not in MODES:
         raise RequestError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}", "mode")
-    if request.mode == "generate":
+    if request.loops == "auto":
+        if request.mode != "generate":
+            raise RequestError("loops \"auto\" (adaptive depth) applies to mode generate; the speculative "
+                               "modes verify at verify_loops", "loops")
+        loops = c.default_loops
+        check_exit_threshold(c, request.exit_threshold)
+    elif request.exit_threshold is not None:
+        raise RequestError("exit_threshold applies to loops \"auto\" only", "exit_threshold")
+    elif request.mode == "generate":
         loops = c.check_loops(c.default_loops if request.loops is None else request.loops)
     else:
         if request.speculative is None:
@@ -80,6 +90,18 @@ def check_request(model, request: GenerationRequest) -> int:
         raise RequestError(f"cache_window must be an integer >= 0 (0 = full cache), got {window!r}",
                            "cache_window")
     return loops
+
+
+def check_exit_threshold(config, threshold) -> None:
+    """A gate's threshold is a cumulative probability in [0, 1]; a KL threshold any number >= 0."""
+    if threshold is None:
+        return
+    high = 1.0 if config.exit_gate else float("inf")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= high \
+            or threshold != threshold:
+        kind = "a cumulative exit probability in [0, 1] (this model has an exit gate)" if config.exit_gate \
+            else "a KL divergence >= 0 (this model has no exit gate)"
+        raise RequestError(f"exit_threshold must be {kind}, got {threshold!r}", "exit_threshold")
 
 
 def check_ids(ids, vocab_size: int, param: str) -> None:

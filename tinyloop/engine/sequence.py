@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from tinyloop.engine.adaptive import AdaptiveDecoder
 from tinyloop.engine.decode import PlainDecoder
 from tinyloop.engine.output import FINISH_CANCELLED, TextStream, TokenSink
 from tinyloop.engine.request import (
@@ -48,7 +49,9 @@ class Sequence:
 
     @staticmethod
     def decoder_for(request: GenerationRequest):
-        return PlainDecoder if request.mode == "generate" else SpeculativeDecoder
+        if request.mode != "generate":
+            return SpeculativeDecoder
+        return AdaptiveDecoder if request.loops == "auto" else PlainDecoder
 
     @classmethod
     def check_cache(cls, model, request: GenerationRequest, loops: int, pool) -> None:
@@ -84,6 +87,7 @@ class Sequence:
             wall_s=time.perf_counter() - self.start, prefill_s=self.prefill_s,
             time_to_first_token_s=sink.first_token_s, stop_token_id=sink.stop_token_id, mode=self.request.mode,
             speculative=getattr(self.decoder, "stats", None),
+            loops_used=getattr(self.decoder, "loops_used", None),
             text=sink.text.text if sink.text is not None else None, text_tail=tail)
 
 

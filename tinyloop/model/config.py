@@ -10,7 +10,10 @@ MAX_LOOPS_LIMIT = 64
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("learned", "rope")
-INJECTIONS = ("none", "add")
+INJECTIONS = ("none", "add", "concat")
+POST_NORMS = ("none", "branch", "sum")
+LOOP_NORMS = ("none", "between", "after")
+INITIAL_STATES = ("prelude", "random")
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,29 @@ class ModelConfig:
     tied_head: bool = True
     # "add": each core iteration starts from h + e, e being the prelude's output, so
     # later iterations keep seeing the input (input injection of recurrent-depth models).
+    # "concat": every iteration (the first too) starts from adapter([h | e]), a learned
+    # (D, 2D) linear `adapter` (Huginn / retrofitted recurrence).
     input_injection: str = "none"
+    # Sandwich norms: "branch" normalises each sublayer's output before the residual add,
+    # h + post(f(pre(h))) (Ouro); "sum" normalises the sum, post(h + f(pre(h))) (Huginn).
+    post_norm: str = "none"
+    # The final norm applied to the recurrent state: "between" core iterations, so each
+    # iteration reads the normalised state (Ouro); "after" the last one, before the coda
+    # (Huginn). The head always applies it once more to its own input.
+    loop_norm: str = "none"
+    # Where the recurrence starts: the prelude's output, or seeded noise (a truncated
+    # normal of std `state_std`, cut at 3 std, drawn per position from `state_seed`, so a
+    # token's state never depends on which forward or batch computed it).
+    initial_state: str = "prelude"
+    state_std: float = 0.0
+    state_seed: int = 0
+    qk_bias: bool = False           # biases on the q and k projections only (per head)
+    embed_scale: float = 1.0        # token embeddings are multiplied by this
+    exit_gate: bool = False         # a learned early-exit gate `exit_gate` (D -> 1) read after every iteration
+    # the default threshold of adaptive depth (loops "auto"): with an exit gate, the cumulative
+    # exit probability at which a token stops (1.0: never early); without one, the KL divergence
+    # between successive iterations' outputs below which it stops (Huginn's default, 1e-3)
+    exit_threshold: float = 1e-3
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "tinyloop-model"
@@ -60,7 +85,17 @@ class ModelConfig:
         _require_choice("mlp", self.mlp, MLPS)
         _require_choice("positions", self.positions, POSITIONS)
         _require_choice("input_injection", self.input_injection, INJECTIONS)
-        for name in ("bias", "tied_head"):
+        _require_choice("post_norm", self.post_norm, POST_NORMS)
+        _require_choice("loop_norm", self.loop_norm, LOOP_NORMS)
+        _require_choice("initial_state", self.initial_state, INITIAL_STATES)
+        _require_int("state_seed", self.state_seed, low=0)
+        for name in ("state_std", "embed_scale"):
+            _require_positive_float(name, self.state_std if name == "state_std" else self.embed_scale,
+                                    allow_zero=name == "state_std")
+        _require_positive_float("exit_threshold", self.exit_threshold, allow_zero=True)
+        if self.exit_gate and self.exit_threshold > 1:
+            raise ConfigError(f"exit_threshold of a gated model is a probability in [0, 1], got {self.exit_threshold}")
+        for name in ("bias", "tied_head", "qk_bias", "exit_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _require_positive_float("norm_eps", self.norm_eps)
@@ -149,7 +184,8 @@ def _require_choice(name, value, choices):
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def _require_positive_float(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or value == float("inf"):
-        raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+def _require_positive_float(name, value, allow_zero: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value == float("inf") \
+            or not (value >= 0 if allow_zero else value > 0):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ConfigError(f"{name} must be a {kind} finite number, got {value!r}")

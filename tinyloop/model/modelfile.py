@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,39 +57,73 @@ def write_model_file(path, config: ModelConfig, tensors: dict, tokenizer_json: s
                 arrays[f"{name}.qperm"] = np.asarray(value.perm, np.int32)
         else:
             arrays[name] = np.asarray(value)
+    metadata = file_metadata(config, tokenizer_json, chat_template, quantization, extra_metadata)
+    specs = [TensorSpec(name, DTYPE_NAMES.get(array.dtype, ""), tuple(array.shape)) for name, array in arrays.items()]
+    for spec in specs:
+        if not spec.dtype:
+            raise ValueError(f"tensor {spec.name}: dtype {arrays[spec.name].dtype} cannot be stored")
+    return write_streaming(path, metadata, specs, lambda name: arrays[name])
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor to be written: its name, safetensors dtype name and shape."""
+    name: str
+    dtype: str                     # "F32", "F16", "BF16" (raw uint16 bits), ...
+    shape: tuple
+
+
+def file_metadata(config: ModelConfig, tokenizer_json: str, chat_template: str = "",
+                  quantization: dict | None = None, extra_metadata: dict | None = None) -> dict:
     metadata = {
         "format": FORMAT_NAME,
         "format_version": str(FORMAT_VERSION),
         "config": orjson.dumps(config.to_dict()).decode(),
         "tokenizer": tokenizer_json,
         "chat_template": chat_template or "",
-        "quantization": orjson.dumps(quantization).decode(),
+        "quantization": orjson.dumps(quantization or {}).decode(),
     }
     for key, value in (extra_metadata or {}).items():
         metadata[key] = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return metadata
 
+
+def write_streaming(path, metadata: dict, specs: list, produce, on_tensor=None) -> Path:
+    """Write a model file whose tensors come one at a time: the header from `specs`
+    first, then produce(name) -> ndarray for each (held only while it is written), so
+    memory is one tensor. Written to PATH.partial and renamed at the end: an
+    interrupted or failed write never leaves a half-written PATH. on_tensor(i, name)
+    after each tensor (progress)."""
+    path = Path(path)
     # Widest items first so every tensor sits at a multiple of its own item size.
-    order = sorted(arrays, key=lambda n: (-arrays[n].dtype.itemsize, n))
+    order = sorted(specs, key=lambda t: (-np.dtype(DTYPES[t.dtype]).itemsize, t.name))
     header: dict = {"__metadata__": metadata}
     offset = 0
-    for name in order:
-        array = arrays[name]
-        if array.dtype not in DTYPE_NAMES:
-            raise ValueError(f"tensor {name}: dtype {array.dtype} cannot be stored")
-        header[name] = {"dtype": DTYPE_NAMES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
+    for spec in order:
+        nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(DTYPES[spec.dtype]).itemsize
+        header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     header_bytes = orjson.dumps(header)
-    padded = -(8 + len(header_bytes)) % DATA_ALIGNMENT
-    header_bytes += b" " * padded
+    header_bytes += b" " * (-(8 + len(header_bytes)) % DATA_ALIGNMENT)
 
     tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(header_bytes)))
-        f.write(header_bytes)
-        for name in order:
-            f.write(np.ascontiguousarray(arrays[name]).tobytes())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(header_bytes)))
+            f.write(header_bytes)
+            for index, spec in enumerate(order, 1):
+                array = np.ascontiguousarray(produce(spec.name))
+                expected = np.dtype(DTYPES[spec.dtype])
+                if array.dtype != expected or tuple(array.shape) != tuple(spec.shape):
+                    raise ValueError(f"tensor {spec.name}: produced {array.dtype} {array.shape}, "
+                                     f"declared {spec.dtype} {tuple(spec.shape)}")
+                f.write(array.tobytes())
+                if on_tensor is not None:
+                    on_tensor(index, spec.name)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

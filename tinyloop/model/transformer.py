@@ -1,10 +1,15 @@
 """The weight-shared looped transformer: one forward for prefill, decode, draft and verify.
 
-    h = embed(tokens) (+ learned positions)
-    h = prelude layers (once)
-    repeat loops times: h = core layers (shared weights)      [+ input injection]
-    h = coda layers (once)
+    e = prelude layers (once) of embed(tokens) * embed_scale (+ learned positions)
+    s = e, or seeded noise (initial_state)
+    repeat loops times: s = core layers (shared weights) of     [input injection:
+        s, s + e (after the first), or adapter([s | e])          none, add, concat]
+        (final_norm between iterations with loop_norm "between")
+    h = coda layers (once) of s (final_norm first with loop_norm "after")
     logits = head(final_norm(h))
+
+A layer is pre-norm, h + f(norm(h)), or a sandwich (post_norm): h + norm2(f(norm(h)))
+("branch") or norm2(h + f(norm(h))) ("sum"), for attention and the MLP each.
 
 Every executed layer instance owns one KV cache slot: prelude i -> i, core layer c at
 iteration l -> P + l*C + c, coda layer q -> coda_base + q (P + C*loops by default).
@@ -24,6 +29,7 @@ from tinyloop.kv.cache import KVCache, cache_bytes
 from tinyloop.limits import MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
 from tinyloop.model.plan import ForwardPlan, StepBuffers, TreeRows, build_plan
+from tinyloop.model.state import initial_state
 from tinyloop.model.weights import LayerWeights, ModelWeights
 
 
@@ -84,11 +90,13 @@ class LoopedTransformer:
         return self.plan(np.arange(start, start + count), start, cache, exact)
 
     # -- one layer ----------------------------------------------------------------------
-    def layer(self, weights: LayerWeights, h, plan: ForwardPlan, cache: KVCache, slot: int, capture=None):
-        """One pre-norm transformer layer; writes this instance's keys/values. h: (T, D).
+    def layer(self, weights: LayerWeights, h, plan: ForwardPlan, cache: KVCache, slot: int, capture=None,
+              kept=None):
+        """One transformer layer; writes this instance's keys/values. h: (T, D).
 
         capture(name, x), if given, sees the input of each linear: "qkv", "out", "up",
-        "down" (the quantizer's calibration hook)."""
+        "down" (the quantizer's calibration hook). kept, a list, receives (keys, values)
+        as written (adaptive depth copies them into the slots of skipped iterations)."""
         c, b, exact = self.config, self.backend, plan.exact
         n_tokens = h.shape[0]
         x = self._norm(h, weights.attn_norm)
@@ -101,10 +109,12 @@ class LoopedTransformer:
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         b.kv_write(cache.storage, slot, plan, k, v)
+        if kept is not None:
+            kept.append((k, v))
         attn = b.attention(q, cache.storage, slot, plan, self.scale).reshape(n_tokens, c.q_dim)
         if capture:
             capture("out", attn)
-        h = h + b.linear(attn, weights.out, exact)
+        h = self._residual(h, b.linear(attn, weights.out, exact), weights.attn_post_norm)
 
         x = self._norm(h, weights.mlp_norm)
         if capture:
@@ -113,32 +123,72 @@ class LoopedTransformer:
         act = b.swiglu(up, c.ffn_dim) if c.mlp == "swiglu" else b.gelu(up)
         if capture:
             capture("down", act)
-        return h + b.linear(act, weights.down, exact)
+        return self._residual(h, b.linear(act, weights.down, exact), weights.mlp_post_norm)
+
+    def _residual(self, h, branch, post_norm):
+        """h + branch, with the sandwich norm where the config puts one."""
+        mode = self.config.post_norm
+        if mode == "branch":
+            return h + self._norm(branch, post_norm)
+        if mode == "sum":
+            return self._norm(h + branch, post_norm)
+        return h + branch
 
     # -- the pieces of the forward -------------------------------------------------------
     def trunk(self, tokens, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None) -> Trunk:
         """Embed, prelude, and core iterations [0, iterations).
 
         capture(stage, index, name, x), if given, sees every linear's input (the quantizer)."""
+        c = self.config
         ids = self.buffers.hold("tokens", tokens) if plan.exact else np.asarray(tokens)
         h = self.backend.embed(self.weights.embed, ids)                           # (T, D)
+        if c.embed_scale != 1.0:
+            h = h * np.float32(c.embed_scale)
         if self.weights.pos_embed is not None:
             h = h + self.backend.embed(self.weights.pos_embed, plan.positions)
         for i, weights in enumerate(self.weights.layers["prelude"]):
             h = self.layer(weights, h, plan, cache, i, _bind(capture, "prelude", i))
-        return self.resume(Trunk(h, h, 0), plan, cache, iterations, capture)
+        state = h
+        if c.initial_state == "random":
+            state = self.backend.asarray(initial_state(c.state_std, c.state_seed, plan.positions, c.dim))
+        return self.resume(Trunk(state, h, 0), plan, cache, iterations, capture)
 
-    def resume(self, trunk: Trunk, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None) -> Trunk:
-        """Continue core iterations from trunk.iterations up to `iterations`."""
+    def resume(self, trunk: Trunk, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None,
+               kept=None) -> Trunk:
+        """Continue core iterations from trunk.iterations up to `iterations`. kept, a
+        list, receives each core layer's (keys, values) of the last iteration run."""
         h = trunk.hidden
         for iteration in range(trunk.iterations, iterations):
-            if iteration > 0 and self.config.input_injection == "add":
-                h = h + trunk.injected
+            h = self.enter_iteration(h, trunk.injected, iteration, plan.exact)
+            if kept is not None:
+                kept.clear()
             for i, weights in enumerate(self.weights.layers["core"]):
-                h = self.layer(weights, h, plan, cache, self.core_slot(iteration, i), _bind(capture, "core", i))
+                h = self.layer(weights, h, plan, cache, self.core_slot(iteration, i), _bind(capture, "core", i),
+                               kept)
         return Trunk(h, trunk.injected, max(iterations, trunk.iterations))
 
+    def enter_iteration(self, h, injected, iteration: int, exact: bool = True):
+        """The state an iteration's first core layer reads: the norm between iterations,
+        then the input injection."""
+        c, b = self.config, self.backend
+        if iteration > 0 and c.loop_norm == "between":
+            h = self._norm(h, self.weights.final_norm)
+        if c.input_injection == "concat":
+            w = self.weights
+            return b.linear(h, w.adapter_state, exact) + b.linear(injected, w.adapter_input, exact)
+        if c.input_injection == "add" and iteration > 0:
+            return h + injected
+        return h
+
+    def exit_lambda(self, h) -> np.ndarray:
+        """The early-exit gate after an iteration: sigmoid(gate(final_norm(h))), (T,) on the host."""
+        x = self._norm(h, self.weights.final_norm)
+        gate = self.backend.to_host(self.backend.linear(x, self.weights.exit_gate, True))[:, 0]
+        return 1.0 / (1.0 + np.exp(-gate.astype(np.float64)))
+
     def coda(self, h, plan: ForwardPlan, cache: KVCache, coda_base: int, capture=None):
+        if self.config.loop_norm == "after":
+            h = self._norm(h, self.weights.final_norm)
         for i, weights in enumerate(self.weights.layers["coda"]):
             h = self.layer(weights, h, plan, cache, coda_base + i, _bind(capture, "coda", i))
         return h
@@ -169,7 +219,8 @@ class LoopedTransformer:
     def decode(self, token: int, position: int, cache: KVCache, loops: int):
         """One token at `position`: forward([token], [position]), through the backend's
         decode runner where it has one (a CUDA graph replayed per token). -> logits (1, V)."""
-        runner = self.backend.decode_runner(self, cache, loops)
+        # a captured step would freeze the first position's random initial state
+        runner = None if self.config.initial_state == "random" else self.backend.decode_runner(self, cache, loops)
         if runner is None:
             return self.forward([token], [position], cache, loops)
         return runner(token, position)

@@ -46,9 +46,15 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple]:
             shapes.update(norm_tensors(c, f"{p}.attn_norm"))
             shapes.update(linear_tensors(c, f"{p}.attn.q", c.q_dim, c.dim))
             shapes.update(linear_tensors(c, f"{p}.attn.k", c.kv_dim, c.dim))
+            if c.qk_bias and not c.bias:
+                shapes[f"{p}.attn.q.bias"] = (c.q_dim,)
+                shapes[f"{p}.attn.k.bias"] = (c.kv_dim,)
             shapes.update(linear_tensors(c, f"{p}.attn.v", c.kv_dim, c.dim))
             shapes.update(linear_tensors(c, f"{p}.attn.o", c.dim, c.q_dim))
             shapes.update(norm_tensors(c, f"{p}.mlp_norm"))
+            if c.post_norm != "none":
+                shapes.update(norm_tensors(c, f"{p}.attn_post_norm"))
+                shapes.update(norm_tensors(c, f"{p}.mlp_post_norm"))
             shapes.update(linear_tensors(c, f"{p}.mlp.up", c.ffn_dim, c.dim))
             if c.mlp == "swiglu":
                 shapes.update(linear_tensors(c, f"{p}.mlp.gate", c.ffn_dim, c.dim))
@@ -56,6 +62,11 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple]:
     shapes.update(norm_tensors(c, "final_norm"))
     if not c.tied_head:
         shapes["head.weight"] = (c.vocab_size, c.dim)
+    if c.input_injection == "concat":
+        shapes.update(linear_tensors(c, "adapter", c.dim, 2 * c.dim))
+    if c.exit_gate:
+        shapes["exit_gate.weight"] = (1, c.dim)
+        shapes["exit_gate.bias"] = (1,)
     return shapes
 
 
@@ -68,6 +79,8 @@ class LayerWeights:
     mlp_norm: tuple
     up: object                  # D -> ffn for GELU; D -> 2 ffn = [gate | up] for SwiGLU
     down: object                # ffn -> D
+    attn_post_norm: tuple | None = None     # sandwich norms (config.post_norm)
+    mlp_post_norm: tuple | None = None
 
 
 @dataclass
@@ -77,6 +90,11 @@ class ModelWeights:
     layers: dict                # stage -> list[LayerWeights]
     final_norm: tuple
     head: object                # D -> vocab linear handle
+    # concat injection: adapter([h | e]) = adapter_state(h) + adapter_input(e), the (D, 2D)
+    # adapter split by columns so no backend needs a concatenation (bias on the state half)
+    adapter_state: object = None
+    adapter_input: object = None
+    exit_gate: object = None    # D -> 1 linear handle (bias included)
 
 
 def validate_tensors(model_file: ModelFile) -> None:
@@ -106,10 +124,15 @@ SUBLAYERS = ("qkv", "out", "up", "down")
 
 def load_layer_linear(model_file: ModelFile, backend, prefix: str, sublayer: str):
     """The fused linear `sublayer` of the layer at `prefix` ("core.0"), as a backend handle."""
-    names = [f"{prefix}.{part}" for part in linear_parts(model_file.config, sublayer)]
+    config = model_file.config
+    names = [f"{prefix}.{part}" for part in linear_parts(config, sublayer)]
     bias = None
-    if model_file.config.bias:
+    if config.bias:
         bias = np.concatenate([np.asarray(_float(model_file.get(f"{n}.bias")), np.float32) for n in names])
+    elif config.qk_bias and sublayer == "qkv":
+        # q and k carry a bias, v none: the fused product takes a zero bias for v's rows
+        bias = np.concatenate([np.asarray(_float(model_file.get(f"{prefix}.attn.{n}.bias")), np.float32)
+                               for n in ("q", "k")] + [np.zeros(config.kv_dim, np.float32)])
     return backend.prepare_linear([model_file.get(f"{n}.weight") for n in names], bias)
 
 
@@ -139,12 +162,23 @@ def load_weights(model_file: ModelFile, backend) -> ModelWeights:
             mlp_norm=norm(f"{stage}.{i}.mlp_norm"),
             up=load_layer_linear(model_file, backend, f"{stage}.{i}", "up"),
             down=load_layer_linear(model_file, backend, f"{stage}.{i}", "down"),
+            attn_post_norm=norm(f"{stage}.{i}.attn_post_norm") if c.post_norm != "none" else None,
+            mlp_post_norm=norm(f"{stage}.{i}.mlp_post_norm") if c.post_norm != "none" else None,
         ) for i in range(count)]
     head_name = "embed.weight" if c.tied_head else "head.weight"
-    return ModelWeights(
+    weights = ModelWeights(
         embed=backend.prepare_embedding(get("embed.weight")),
         pos_embed=backend.prepare_embedding(get("pos_embed.weight")) if c.positions == "learned" else None,
         layers=layers,
         final_norm=norm("final_norm"),
         head=backend.prepare_linear([get(head_name)]),
     )
+    if c.input_injection == "concat":
+        adapter = np.asarray(_float(get("adapter.weight")), np.float32)               # (D, 2D): [state | input]
+        bias = np.asarray(_float(get("adapter.bias")), np.float32) if c.bias else None
+        weights.adapter_state = backend.prepare_linear([np.ascontiguousarray(adapter[:, :c.dim])], bias)
+        weights.adapter_input = backend.prepare_linear([np.ascontiguousarray(adapter[:, c.dim:])])
+    if c.exit_gate:
+        weights.exit_gate = backend.prepare_linear([get("exit_gate.weight")],
+                                                   np.asarray(_float(get("exit_gate.bias")), np.float32))
+    return weights

@@ -9,7 +9,11 @@ Templates (the model file's `chat_template` names one, optionally as JSON with o
             tokens; generation also stops at a new "\\nUser:" turn.
 - "chatml": <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n, with a
             default system message when the conversation has none (if the model has
-            one); generation stops at <|im_end|>.
+            one); generation stops at <|im_end|>. Ouro's checkpoints ship this form; a
+            -Thinking model opens its own <think> block inside the assistant turn.
+- "huginn": Huginn-0125's turns: [<|begin_text|>] <|begin_header|>role<|end_header|>\n\n
+            content (trimmed) <|end_turn|> ..., the assistant called "Huginn", ending with
+            <|begin_header|>Huginn<|end_header|>\n\n; generation stops at <|end_turn|>.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from tinyloop.errors import TinyLoopError
 from tinyloop.text.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant")          # what a message may be from (asgi/schema.py checks)
-TEMPLATES = ("plain", "chatml")
+TEMPLATES = ("plain", "chatml", "huginn")
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,30 @@ class ChatTemplate:
     def end_of_turn_ids(self, tokenizer: Tokenizer) -> tuple:
         if self.name == "chatml":
             return (_special_id(tokenizer, "<|im_end|>"),)
+        if self.name == "huginn":
+            return (_special_id(tokenizer, "<|end_turn|>"),)
         return ()
 
     def render(self, messages: list[dict], tokenizer: Tokenizer) -> list[int]:
         """Messages ({role, content}) -> prompt ids ending where the assistant speaks."""
         if self.name == "chatml":
             return self._render_chatml(messages, tokenizer)
+        if self.name == "huginn":
+            return self._render_huginn(messages, tokenizer)
         return self._render_plain(messages, tokenizer)
+
+    def _render_huginn(self, messages, tokenizer):
+        begin, end_header = _special_id(tokenizer, "<|begin_header|>"), _special_id(tokenizer, "<|end_header|>")
+        end_turn = _special_id(tokenizer, "<|end_turn|>")
+        bos = tokenizer.token_to_id("<|begin_text|>")
+        ids: list[int] = [] if bos is None else [bos]
+        if self.default_system and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": self.default_system}] + list(messages)
+        for message in messages:
+            role = "Huginn" if message["role"] == "assistant" else message["role"]
+            ids += ([begin] + tokenizer.encode(role) + [end_header] + tokenizer.encode("\n\n")
+                    + tokenizer.encode(message["content"].strip()) + [end_turn])
+        return ids + [begin] + tokenizer.encode("Huginn") + [end_header] + tokenizer.encode("\n\n")
 
     def _render_plain(self, messages, tokenizer):
         parts = []

@@ -1,0 +1,261 @@
+"""Hugging Face checkpoints (Llama, Ouro, Huginn layouts) convert and compute what their
+own public modeling code computes: golden logits in tests/data/hf/*/golden.npz were
+produced once by that code on these tiny checkpoints (tests/data/README.md)."""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors_writer import save_file
+
+from tinyloop.convert.from_hf import convert_hf
+from tinyloop.convert.safetensors_dir import CheckpointError, SafetensorsDir
+from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
+from tinyloop.engine.speculative import SpeculativeParams
+from tinyloop.errors import RequestError
+from tinyloop.model.loader import load_model
+
+DATA = Path(__file__).parent / "data" / "hf"
+LAYOUTS = ("llama", "ouro", "huginn")
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf")
+    paths = {}
+    for layout in LAYOUTS:
+        paths[layout] = folder / f"{layout}.tinyloop"
+        convert_hf(DATA / layout, paths[layout], progress=False)
+    return paths
+
+
+def golden(layout):
+    return np.load(DATA / layout / "golden.npz")
+
+
+def prompt_logits(model, prompt, loops):
+    cache = model.new_cache(len(prompt) + 1, loops)
+    return model.backend.to_host(model.forward(prompt, np.arange(len(prompt)), cache, loops))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_logits_match_the_reference_at_every_loop_count(converted, layout):
+    model = load_model(converted[layout], "cpu", kv_mode="fp32").model
+    data = golden(layout)
+    prompt = [int(t) for t in data["prompt"]]
+    for loops, reference in zip(data["loops"], data["logits"]):
+        ours = prompt_logits(model, prompt, int(loops))
+        assert np.abs(ours - reference).max() <= TOLERANCE, (layout, loops, np.abs(ours - reference).max())
+        assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_tokens_equal_the_reference(converted, layout):
+    loaded = load_model(converted[layout], "cpu", kv_mode="fp32")
+    data = golden(layout)
+    loops = int(data["greedy_loops"][0]) if "greedy_loops" in data else 1
+    expected = [int(t) for t in data["greedy"][0]]
+    result = generate(loaded.model, GenerationRequest([int(t) for t in data["prompt"]], len(expected),
+                                                      loops=loops, ignore_eos=True))
+    assert result.tokens == expected
+
+
+def test_huginn_from_a_zero_state_matches_too(converted):
+    """The random initial state is ours (seeded per position); from a zero state the
+    reference needs no state handed over at all."""
+    model = load_model(converted["huginn"], "cpu", kv_mode="fp32").model
+    model.config = replace(model.config, state_std=0.0)
+    data = golden("huginn")
+    ours = prompt_logits(model, [int(t) for t in data["prompt"]], 4)
+    assert np.abs(ours - data["logits_zero_state"][0]).max() <= TOLERANCE
+
+
+def test_ouro_exit_gate_matches_the_reference(converted):
+    model = load_model(converted["ouro"], "cpu", kv_mode="fp32").model
+    data = golden("ouro")
+    prompt = [int(t) for t in data["prompt"]]
+    cache = model.new_cache(len(prompt), 4)
+    plan = model.contiguous_plan(0, len(prompt), cache)
+    trunk = model.trunk(prompt, plan, cache, 0)
+    lambdas = []
+    for loops in range(1, 5):
+        trunk = model.resume(trunk, plan, cache, loops)
+        lambdas.append(model.exit_lambda(trunk.hidden))
+    assert np.abs(np.stack(lambdas, axis=1) - data["exit_lambda"]).max() <= 1e-5
+
+
+def test_converted_configs(converted):
+    ouro = load_model(converted["ouro"], "cpu").config
+    assert (ouro.n_prelude, ouro.n_core, ouro.n_coda, ouro.max_loops, ouro.default_loops) == (0, 2, 0, 4, 4)
+    assert (ouro.post_norm, ouro.loop_norm, ouro.exit_gate) == ("branch", "between", True)
+    huginn = load_model(converted["huginn"], "cpu")
+    c = huginn.config
+    assert (c.n_prelude, c.n_core, c.n_coda, c.default_loops, c.max_loops) == (2, 2, 2, 4, 64)
+    assert (c.input_injection, c.post_norm, c.loop_norm, c.initial_state) == ("concat", "sum", "after", "random")
+    assert c.embed_scale == pytest.approx(32 ** 0.5) and c.tied_head and c.qk_bias
+    assert huginn.file.stored_dtype("core.0.attn.q.weight") == "F16"
+    assert load_model(converted["ouro"], "cpu").file.stored_dtype("core.0.attn.q.weight") == "BF16"
+    assert huginn.file.chat_template == "huginn"
+
+
+def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):
+    model = load_model(converted["ouro"], "cpu").model
+    with pytest.raises(RequestError, match=r"loops must be in \[1, 4\]"):
+        generate(model, GenerationRequest([1, 2, 3], 4, loops=5))
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("layout", ("ouro", "huginn"))
+def test_speculative_and_tree_equal_plain_greedy(converted, layout):
+    model = load_model(converted[layout], "cpu").model
+    rng = np.random.default_rng(13)
+    top = min(model.config.max_loops, 6)
+    for _ in range(12):
+        prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, int(rng.integers(1, 30)))]
+        verify = int(rng.integers(2, top + 1))
+        draft = int(rng.integers(1, verify))
+        max_tokens = int(rng.integers(1, 30))
+        plain = generate(model, GenerationRequest(prompt, max_tokens, loops=verify))
+        for branches in (1, int(rng.integers(2, 5))):
+            params = SpeculativeParams(draft, verify, int(rng.integers(1, 9)), branches)
+            spec = speculative_generate(model, GenerationRequest(prompt, max_tokens), params)
+            assert spec.tokens == plain.tokens, (layout, prompt, params)
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_are_batch_invariant(converted, layout):
+    """A token's logits are bitwise the same whether it runs alone or with others."""
+    model = load_model(converted[layout], "cpu").model
+    rng = np.random.default_rng(5)
+    prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, 20)]
+    loops = model.config.default_loops
+    cache = model.new_cache(len(prompt), loops)
+    together = model.backend.to_host(model.forward(prompt, np.arange(len(prompt)), cache, loops))
+    cache = model.new_cache(len(prompt), loops)
+    alone = np.concatenate([model.backend.to_host(model.forward([t], [i], cache, loops))
+                            for i, t in enumerate(prompt)])
+    assert np.array_equal(together, alone)
+
+
+# ------------------------------------------------------------------------------ refusals
+def copy_layout(tmp_path, layout) -> Path:
+    target = tmp_path / layout
+    shutil.copytree(DATA / layout, target)
+    return target
+
+
+def edit_config(directory: Path, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("layout, changes, message", [
+    ("llama", {"architectures": ["Qwen2ForCausalLM"]}, "architecture Qwen2ForCausalLM is not supported"),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ("ouro", {"use_sliding_window": True}, "sliding-window"),
+    ("ouro", {"kv_cache_policy": "last_available"}, "KV sharing"),
+    ("huginn", {"lookup_strategy": "latest-m4"}, "KV sharing"),
+    ("huginn", {"injection_type": "add"}, "injection_type"),
+    ("llama", {"num_hidden_layers": 3}, "is missing"),
+])
+def test_unsupported_layouts_are_refused_by_name(tmp_path, layout, changes, message):
+    directory = copy_layout(tmp_path, layout)
+    edit_config(directory, **changes)
+    output = tmp_path / "out.tinyloop"
+    with pytest.raises(CheckpointError, match=message):
+        convert_hf(directory, output, progress=False)
+    assert not output.exists() and not (tmp_path / "out.tinyloop.partial").exists()
+
+
+def test_a_failed_conversion_leaves_no_output(tmp_path):
+    """The shape mismatch shows up while tensors are being written: nothing is left."""
+    directory = copy_layout(tmp_path, "llama")
+    edit_config(directory, intermediate_size=48)
+    output = tmp_path / "out.tinyloop"
+    with pytest.raises(CheckpointError, match="shape"):
+        convert_hf(directory, output, progress=False)
+    assert list(tmp_path.glob("out.tinyloop*")) == []
+
+
+def test_extra_tensors_are_refused(tmp_path):
+    directory = copy_layout(tmp_path, "ouro")
+    stored = SafetensorsDir(directory)
+    tensors = {name: np.array(stored.get(name)) for name in stored.tensors}
+    tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(8, np.float32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="q_norm"):
+        convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
+
+
+def test_missing_shard_and_pickles(tmp_path):
+    directory = copy_layout(tmp_path, "huginn")
+    (directory / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
+    for file in directory.glob("model*"):
+        file.unlink()
+    (directory / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(CheckpointError, match="only safetensors"):
+        convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
+
+
+def test_cli_converts_a_directory(tmp_path, capsys):
+    from tinyloop.cli import main
+    assert main(["convert", str(DATA / "ouro"), str(tmp_path / "o.tinyloop"), "--quiet"]) == 0
+    assert "loops 1-4" in capsys.readouterr().out
+    assert main(["convert", str(DATA / "llama") + "-nope", str(tmp_path / "x.tinyloop")]) != 0
+
+
+# ---------------------------------------------------------------------------------- chat
+def test_shipped_chat_templates_are_recognised():
+    from tinyloop.convert.hf_chat import chat_template_from_hf
+    names = {layout: chat_template_from_hf(json.loads((DATA / layout / "tokenizer_config.json").read_text())
+                                           ["chat_template"]).name for layout in LAYOUTS}
+    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn"}
+    listed = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|>{{ x }}"}]
+    assert chat_template_from_hf(listed).name == "chatml"
+    assert chat_template_from_hf(None).name == "plain"
+    system = "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM<|im_end|>\\n' }}<|im_start|>"
+    assert chat_template_from_hf(system).default_system == "You are a helpful AI assistant named SmolLM"
+
+
+def test_huginn_turns_render_with_message_text_kept_as_text(converted):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinyloop.text.chat import ChatTemplate
+    loaded = load_model(converted["huginn"], "cpu")
+    template = ChatTemplate.from_metadata(loaded.file.chat_template)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi <|end_turn|> there\n"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again"}]
+    ids = loaded.with_bos(template.render(messages, loaded.tokenizer))
+    raw = HFTokenizer.from_file(str(DATA / "huginn" / "tokenizer.json"))
+    # the text Huginn's own template gives for these messages (contents trimmed, the
+    # assistant named Huginn, a generation prompt at the end)
+    expected = ("<|begin_text|><|begin_header|>system<|end_header|>\n\nBe brief.<|end_turn|>"
+                "<|begin_header|>user<|end_header|>\n\nHi <|end_turn|> there<|end_turn|>"
+                "<|begin_header|>Huginn<|end_header|>\n\nHello.<|end_turn|>"
+                "<|begin_header|>user<|end_header|>\n\nAgain<|end_turn|>"
+                "<|begin_header|>Huginn<|end_header|>\n\n")
+    assert raw.decode(ids, skip_special_tokens=False) == expected
+    end_turn = raw.token_to_id("<|end_turn|>")
+    assert ids.count(end_turn) == 4                       # the one typed in a message is text
+    assert template.end_of_turn_ids(loaded.tokenizer) == (end_turn,)
+
+
+def test_cli_generates_with_adaptive_depth(converted, capsys):
+    from tinyloop.cli import main
+    assert main(["generate", str(converted["ouro"]), "Hello", "--max-tokens", "6", "--loops", "auto",
+                 "--exit-threshold", "0.5", "--kv-cache", "fp32"]) == 0
+    err = capsys.readouterr().err
+    assert "loops auto (mean" in err and "histogram" in err
+    assert main(["generate", str(converted["ouro"]), "Hello", "--loops", "auto", "--exit-threshold", "2"]) == 2
+    assert "exit_threshold must be a cumulative exit probability" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", str(converted["ouro"]), "Hello", "--loops", "deep"])
