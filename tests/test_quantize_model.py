@@ -99,3 +99,17 @@ def test_quantize_cli(quantized, tmp_path, capsys):
     assert main(["info", str(out)]) == 0
     assert "bits [4], group size [32], method rtn" in capsys.readouterr().out
     assert main(["quantize", str(source), str(out), "--bits", "4", "--calibration", "/no/such/file"]) == 2
+
+
+def test_default_calibration_length_fits_a_short_context(tmp_path):
+    """GPTQ's default sequence length is 512 tokens or the model's context if shorter (a
+    converted checkpoint may have 256); an explicit length past the context is a clear error."""
+    source = tmp_path / "short.tinyloop"
+    make_test_model(source, "tiny-looped-gpt", seed=2)           # max_seq_len 256
+    text = CALIBRATION * 4
+    quantize_file(source, tmp_path / "q.tinyloop", 8, 16, "gptq", False, text, calibration_tokens=700,
+                  progress=False)
+    assert load_model(tmp_path / "q.tinyloop").model.config.max_seq_len == 256
+    with pytest.raises(TinyLoopError, match="--seq-len must be between 2 and the model's context \\(256\\)"):
+        quantize_file(source, tmp_path / "x.tinyloop", 8, 16, "gptq", False, text, calibration_tokens=700,
+                      seq_len=300, progress=False)

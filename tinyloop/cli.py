@@ -335,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--act-order", action="store_true", help="GPTQ in order of decreasing Hessian diagonal")
     p.add_argument("--calibration", default=None, help="calibration text file (needed for gptq)")
     p.add_argument("--calibration-tokens", type=int, default=4096, help="calibration tokens (default 4096)")
-    p.add_argument("--seq-len", type=int, default=512, help="calibration sequence length (default 512)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="calibration sequence length (default 512, or the model's context if shorter)")
     p.add_argument("--loops", type=int, default=None, help="loops to calibrate at (default: the model's)")
     p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping, times the mean diagonal")
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize embeddings and head (RTN)")

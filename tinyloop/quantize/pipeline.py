@@ -23,6 +23,8 @@ from tinyloop.model.weights import SUBLAYERS, expected_tensors, linear_parts
 from tinyloop.progress import Progress
 from tinyloop.quantize.gptq import gptq_quantize
 
+DEFAULT_SEQ_LEN = 512           # calibration sequence length, capped at the model's context
+
 
 def split_rows(tensor: QuantizedTensor, sizes: list[int]) -> list[QuantizedTensor]:
     out, start = [], 0
@@ -100,9 +102,14 @@ class Quantizer:
         bar.finish("quantized every linear layer")
 
     # -- GPTQ ----------------------------------------------------------------------------
-    def run_gptq(self, token_ids: list[int], seq_len: int, loops: int | None) -> None:
+    def run_gptq(self, token_ids: list[int], seq_len: int | None, loops: int | None) -> None:
         model, c = self.loaded.model, self.config
         loops = c.check_loops(c.default_loops if loops is None else loops)
+        if seq_len is None:                   # the default: 512 tokens, or the whole context if shorter
+            seq_len = min(DEFAULT_SEQ_LEN, c.max_seq_len)
+        elif not 2 <= seq_len <= c.max_seq_len:
+            raise TinyLoopError(f"--seq-len must be between 2 and the model's context ({c.max_seq_len}), "
+                                f"got {seq_len}")
         sequences = [token_ids[i:i + seq_len] for i in range(0, len(token_ids) - 1, seq_len)]
         sequences = [s for s in sequences if len(s) >= 2]
         if not sequences:
@@ -189,7 +196,7 @@ class Quantizer:
 
 
 def quantize_file(source, target, bits: int, group_size: int, method: str = "gptq", act_order: bool = False,
-                  calibration_text: str | None = None, calibration_tokens: int = 4096, seq_len: int = 512,
+                  calibration_text: str | None = None, calibration_tokens: int = 4096, seq_len: int | None = None,
                   loops: int | None = None, damp: float = 0.01, quantize_embeddings: bool = False,
                   progress: bool = True) -> None:
     quantizer = Quantizer(source, bits, group_size, method, act_order, damp, quantize_embeddings, progress)
