@@ -140,7 +140,10 @@ class TinyLoopApp:
             except ClientGone:               # the client is gone already
                 pass
             return
-        await send_json(request.send, error.status, error.body(), error.headers)
+        try:
+            await send_json(request.send, error.status, error.body(), error.headers)
+        except ClientGone:                   # nobody is left to tell
+            pass
 
 
 app = TinyLoopApp()

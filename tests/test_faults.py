@@ -11,9 +11,11 @@
 - SIGTERM during a stream on a real Granian process: the stream ends with an error event
   and [DONE] (or finishes), never half an event, and Granian exits 0.
 """
+import asyncio
 import os
 import signal
 import stat
+import time
 
 import httpx
 import orjson
@@ -239,3 +241,56 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_granian_exits_0(long_model)
     assert events[-1] == "[DONE]", "the stream was cut instead of ended"
     assert payloads[-1]["error"]["code"] == "shutting_down"
     assert 5 <= len(payloads) - 1 < 4000 and all("finish_reason" not in p for p in payloads)
+
+
+# ----------------------------------------------------- a client gone before the first byte
+def test_a_stream_whose_client_is_gone_at_the_first_byte_gives_its_slot_back_at_once(model_path, caplog):
+    """The stream's first send fails (the socket is gone, no disconnect message ever
+    comes): the admitted generation must be cancelled then, not run on to max_tokens
+    for nobody (found reviewing the admission path: a stream's start came before anything
+    watched the client; and the error answer then raised out of the app)."""
+    app = ready_app(model_path)
+
+    async def send(message):
+        raise ConnectionResetError("client closed the connection")
+
+    body = [{"type": "http.request", "more_body": False,
+             "body": orjson.dumps({"prompt": "hi", "max_tokens": 500, "loops": 8, "stream": True})}]
+
+    async def receive():
+        if body:
+            return body.pop()
+        await asyncio.Event().wait()
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
+    run(app(scope, receive, send))                 # no exception escapes the app
+    engine, metrics = app.state.engine, app.state.metrics
+    deadline = time.monotonic() + 30
+    while engine.running or engine.waiting:
+        assert time.monotonic() < deadline, "the abandoned generation still holds the engine"
+        time.sleep(0.01)
+    assert metrics.admitted == 1 and metrics.settled == {"cancelled": 1}
+    assert metrics.completion_tokens < 500, "the abandoned generation ran to max_tokens"
+    assert metrics.requests[("/generate", 499)] == 1 and "internal error" not in caplog.text
+
+
+def test_an_error_answer_to_a_client_that_is_gone_raises_nothing_out_of_the_app(model_path, caplog):
+    """Found with the test above: when sending a 4xx failed because the socket was gone,
+    ClientGone escaped the app (the server logged an ASGI exception)."""
+    app = ready_app(model_path)
+
+    async def send(message):
+        raise ConnectionResetError("client closed the connection")
+
+    body = [{"type": "http.request", "more_body": False, "body": orjson.dumps({"prompt": "hi", "max_tokens": 10 ** 5})}]
+
+    async def receive():
+        if body:
+            return body.pop()
+        await asyncio.Event().wait()
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
+    run(app(scope, receive, send))                 # raises ClientGone without the fix
+    assert app.state.metrics.requests[("/generate", 400)] == 1

@@ -72,6 +72,19 @@ def test_an_empty_prompt_is_invalid_in_the_document_and_a_400_naming_it(app, pat
     assert refused.status == 400 and refused.json()["error"]["param"] == "prompt"
 
 
+def test_an_empty_text_prompt_is_a_400_also_for_a_model_with_a_bos_token(tmp_path):
+    """The BOS token alone made an empty prompt look non-empty, so the same request was a
+    400 on one model and a generation on another; the document says minLength 1 for all."""
+    from tinyloop.model.testmodels import make_test_model
+    path = tmp_path / "bos.tinyloop"
+    make_test_model(path, "tiny-looped", seed=0, max_seq_len=64, bos_token_id=1)
+    app = ready_app(path)
+    for route, body in (("/generate", {"prompt": ""}), ("/api/v0/completions", {"model": "m", "prompt": ""})):
+        refused = run(call(app, "POST", route, body))
+        assert refused.status == 400 and refused.json()["error"]["param"] == "prompt"
+    assert run(call(app, "POST", "/generate", {"prompt": "a", "max_tokens": 2})).status == 200
+
+
 def test_streams_are_declared_as_events_and_errors_require_every_field():
     """Found: the document declared a stream as one string (schemathesis reads it as events),
     and its error schema required nothing."""

@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the key is TINYLOOP_API_KEY or a generated key file (its path is printed).")
     p.add_argument("--model", default=None, help="path of a .tinyloop file (default: $TINYLOOP_MODEL_PATH, "
                                                  "else the default model, pulled on first use)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only; "
+                   "another address with --no-auth prints a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests that may wait while one generates; more get 429 "
