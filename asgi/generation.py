@@ -139,6 +139,8 @@ class Generation:
                     elif kind == "done":
                         if payload.finish_reason == FINISH_SHUTDOWN:
                             self.failed = True
+                            if batch:                  # tokens that came before the stop are delivered
+                                yield batch
                             raise unavailable("the server is shutting down; the generation was stopped",
                                               "shutting_down")
                         self._finish(payload)
@@ -151,6 +153,8 @@ class Generation:
                         raise ClientGone()
                     elif kind == "error":
                         self.failed = True
+                        if batch:                      # tokens that came before the failure are delivered
+                            yield batch
                         if isinstance(payload, RequestError):
                             raise bad_request(str(payload), payload.param)
                         if isinstance(payload, ShuttingDown):

@@ -294,3 +294,29 @@ def test_an_error_answer_to_a_client_that_is_gone_raises_nothing_out_of_the_app(
              "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
     run(app(scope, receive, send))                 # raises ClientGone without the fix
     assert app.state.metrics.requests[("/generate", 400)] == 1
+
+
+def test_tokens_that_arrive_with_an_engine_failure_are_streamed_before_the_error():
+    """Found by the mid-stream fault test (it failed now and then): tokens the engine sent
+    just before failing, read in the same wake-up as the failure, were dropped."""
+    from types import SimpleNamespace
+
+    from asgi.errors import ApiError
+    from asgi.generation import Generation
+    from tinyloop.engine.engine import EngineFailed
+
+    async def scenario():
+        async def receive():
+            await asyncio.Event().wait()
+        http_request = SimpleNamespace(state=SimpleNamespace(), receive=receive, started=time.perf_counter(),
+                                       generation=None)
+        generation = Generation(http_request, request=None)
+        for item in (("token", (5, "a")), ("token", (6, "b")), ("error", EngineFailed("kernel fault"))):
+            generation._mailbox.put_local(item)
+        seen = []
+        with pytest.raises(ApiError, match="kernel fault"):
+            async for batch in generation.batches():
+                seen.append(batch)
+        return seen
+
+    assert run(scenario()) == [[(5, "a"), (6, "b")]]
