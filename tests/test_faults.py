@@ -22,6 +22,7 @@ import orjson
 import pytest
 from asgi_client import call, run
 from live_server import LiveServer
+from test_security import SERVE_SETS
 from test_server_asgi import ready_app
 
 from asgi.auth import KeyFileError, load_or_create_key
@@ -198,7 +199,9 @@ def test_granian_refuses_to_start_with_a_world_readable_key_and_says_why(model_p
 
 
 def test_tinyloop_serve_refuses_an_unusable_key_file_with_exit_2(model_path, tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv("TINYLOOP_API_KEY", raising=False)
+    for name in SERVE_SETS + ("TINYLOOP_API_KEY",):
+        monkeypatch.setenv(name, "")         # recorded, so what `serve` writes to os.environ is undone
+        monkeypatch.delenv(name)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     (state_dir / "api-key").write_text("tl-secret\n")

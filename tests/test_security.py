@@ -19,7 +19,10 @@ from tinyloop.cli import build_parser, is_loopback, main
 from tinyloop.model.testmodels import make_test_model
 
 KEY = "tl-Secret-Key-For-The-Log-Test-0123456789"
-MARKER = "Zanzibar-quokka-7731"               # a prompt no log line has any reason to contain
+MARKER = "Zanzibar-quokka-7731"
+# what `tinyloop serve` writes into os.environ for Granian's worker
+SERVE_SETS = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
+              "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT")               # a prompt no log line has any reason to contain
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +114,9 @@ def serve(tmp_path, monkeypatch, model_path):
             pass
 
     monkeypatch.setattr(granian, "Granian", NoServer)
-    for name in ("TINYLOOP_AUTH", "TINYLOOP_STATE_DIR", "TINYLOOP_MAX_WAITING"):
-        monkeypatch.delenv(name, raising=False)
+    for name in SERVE_SETS:
+        monkeypatch.setenv(name, "")         # recorded, so what `serve` writes to os.environ is undone
+        monkeypatch.delenv(name)
     monkeypatch.setenv("TINYLOOP_API_KEY", KEY)
 
     def run_serve(*flags, capsys):
