@@ -19,10 +19,10 @@ from tinyloop.cli import build_parser, is_loopback, main
 from tinyloop.model.testmodels import make_test_model
 
 KEY = "tl-Secret-Key-For-The-Log-Test-0123456789"
-MARKER = "Zanzibar-quokka-7731"
+MARKER = "Zanzibar-quokka-7731"               # a prompt no log line has any reason to contain
 # what `tinyloop serve` writes into os.environ for Granian's worker
 SERVE_SETS = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
-              "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT")               # a prompt no log line has any reason to contain
+              "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT")
 
 
 @pytest.fixture(scope="module")
