@@ -46,6 +46,7 @@ class Request:
         self.scope, self.receive, self.send = scope, receive, guarded_send(send)
         self.started = time.perf_counter()
         self.stream = None                     # the EventStream once a stream has started
+        self.generation = None                 # the Generation once one was submitted
         self._limit = app.state.settings.max_body_bytes
 
     async def json(self) -> dict:
@@ -118,6 +119,8 @@ class TinyLoopApp:
             await self._send_error(request, ApiError(500, "internal server error", "server_error", None,
                                                      "internal_error"))
         finally:
+            if request.generation is not None:
+                request.generation.settle()    # whatever happened, its admission slot is given back
             self.state.metrics.on_request(route_label, status)
 
     def _require_model(self) -> None:
@@ -137,7 +140,10 @@ class TinyLoopApp:
             except ClientGone:               # the client is gone already
                 pass
             return
-        await send_json(request.send, error.status, error.body(), error.headers)
+        try:
+            await send_json(request.send, error.status, error.body(), error.headers)
+        except ClientGone:                   # nobody is left to tell
+            pass
 
 
 app = TinyLoopApp()

@@ -68,20 +68,29 @@ class Outcome:
 
 
 class Generation:
-    def __init__(self, state, request: GenerationRequest, receive, started: float):
-        self.state = state
+    """One request's generation, from admission to its end. Every admitted generation is
+    settled exactly once (settle(), called by the app whatever happened): its submission
+    cancelled if it had not finished, and its end counted as completed, cancelled or
+    failed, so the admission metrics add up."""
+
+    def __init__(self, http_request, request: GenerationRequest):
+        self.state = http_request.state
         self.request = request
-        self.receive = receive
-        self.started = started
+        self.receive = http_request.receive
+        self.started = http_request.started
         self.first_token_at: float | None = None
         self.outcome: Outcome | None = None
         self.submission = None
+        self.failed = False
+        self.settled = False
         self._mailbox = Mailbox(asyncio.get_running_loop())
+        http_request.generation = self
 
     def submit(self) -> None:
         """Queue the request; 400 if the engine refuses it, 429 when every waiting place is
         taken, 503 if the server is draining or the engine failed or is stopping."""
         if self.state.draining:
+            self.state.metrics.on_refused("draining")
             raise ApiError(503, "the server is draining: it finishes the generations it has admitted and "
                                 "takes no new ones; retry (another replica will answer)", "server_error", None,
                            "draining", headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())])
@@ -91,13 +100,28 @@ class Generation:
         except RequestError as exc:
             raise bad_request(str(exc), exc.param) from None
         except QueueFull as exc:
+            self.state.metrics.on_refused("queue_full")
             raise ApiError(429, f"the server is busy: {exc}; retry after the running generation ends",
                            "rate_limit_error", None, "queue_full",
                            headers=[(b"retry-after", str(RETRY_AFTER_SECONDS).encode())]) from None
         except ShuttingDown as exc:
+            self.state.metrics.on_refused("shutting_down")
             raise unavailable(str(exc), "shutting_down") from None
         except EngineFailed as exc:
+            self.state.metrics.on_refused("worker_failed")
             raise unavailable(str(exc), "worker_failed") from None
+        self.state.metrics.on_admitted()
+
+    def settle(self) -> None:
+        """Give the admission slot back (cancel the submission if it has not finished) and
+        count how the generation ended; a second call does nothing."""
+        if self.settled or self.submission is None:
+            return
+        self.settled = True
+        if self.outcome is None:
+            self.state.engine.cancel(self.submission)
+        end = "completed" if self.outcome is not None else "failed" if self.failed else "cancelled"
+        self.state.metrics.on_settled(end)
 
     async def batches(self):
         """Yield lists of (token_id, released_text): every token that arrived since the
@@ -114,6 +138,9 @@ class Generation:
                         batch.append(payload)
                     elif kind == "done":
                         if payload.finish_reason == FINISH_SHUTDOWN:
+                            self.failed = True
+                            if batch:                  # tokens that came before the stop are delivered
+                                yield batch
                             raise unavailable("the server is shutting down; the generation was stopped",
                                               "shutting_down")
                         self._finish(payload)
@@ -125,6 +152,9 @@ class Generation:
                     elif kind == "disconnect":
                         raise ClientGone()
                     elif kind == "error":
+                        self.failed = True
+                        if batch:                      # tokens that came before the failure are delivered
+                            yield batch
                         if isinstance(payload, RequestError):
                             raise bad_request(str(payload), payload.param)
                         if isinstance(payload, ShuttingDown):

@@ -1,6 +1,7 @@
 """Prometheus text metrics (exposition format 0.0.4), kept in plain Python."""
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -21,6 +22,21 @@ class Metrics:
         self.spec_rounds = 0
         self.spec_drafted = 0
         self.spec_accepted = 0
+        self.admitted = 0
+        self.refused = Counter()             # reason -> count (queue_full, draining, ...)
+        self.settled = Counter()             # completed / cancelled / failed -> count
+
+    def on_admitted(self) -> None:
+        with self._lock:
+            self.admitted += 1
+
+    def on_refused(self, reason: str) -> None:
+        with self._lock:
+            self.refused[reason] += 1
+
+    def on_settled(self, end: str) -> None:
+        with self._lock:
+            self.settled[end] += 1
 
     def on_request(self, route: str, status: int) -> None:
         with self._lock:
@@ -90,4 +106,30 @@ class Metrics:
                    [({}, self.spec_drafted)])
             metric("tinyloop_speculative_accepted_tokens_total", "counter", "Draft tokens accepted.",
                    [({}, self.spec_accepted)])
+            metric("tinyloop_admitted_total", "counter", "Generations admitted to the engine's queue.",
+                   [({}, self.admitted)])
+            metric("tinyloop_refused_total", "counter", "Generations refused at admission, by reason.",
+                   [({"reason": r}, n) for r, n in sorted(self.refused.items())])
+            metric("tinyloop_settled_total", "counter", "Admitted generations that ended: completed, cancelled "
+                   "(the client left) or failed. admitted = settled + running + waiting.",
+                   [({"end": e}, n) for e, n in sorted(self.settled.items())])
+        for name, kind, help_text, value in process_samples():
+            metric(name, kind, help_text, [({}, value)])
         return "\n".join(lines) + "\n"
+
+
+def process_samples() -> list[tuple]:
+    """This worker process's resident memory, open file descriptors and threads, from
+    /proc (Linux; empty elsewhere): what a soak test watches for leaks."""
+    try:
+        with open("/proc/self/statm") as f:
+            rss_pages = int(f.read().split()[1])
+        fds = len(os.listdir("/proc/self/fd"))
+        with open("/proc/self/status") as f:
+            threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    except (OSError, ValueError, StopIteration):
+        return []
+    return [("process_resident_memory_bytes", "gauge", "Resident memory of the worker.",
+             rss_pages * os.sysconf("SC_PAGE_SIZE")),
+            ("process_open_fds", "gauge", "Open file descriptors of the worker.", fds),
+            ("process_threads", "gauge", "OS threads of the worker.", threads)]

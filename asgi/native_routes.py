@@ -13,8 +13,7 @@ FIELDS = {"generate": NATIVE, "speculative": NATIVE_SPECULATIVE, "tree_speculati
 
 async def native_generate(request, mode: str = "generate"):
     values = validate(await request.json(), FIELDS[mode])
-    generation = Generation(request.state, prepare_native(request.state, values, mode), request.receive,
-                            request.started)
+    generation = Generation(request, prepare_native(request.state, values, mode))
     generation.submit()
     if values["stream"]:
         stream = EventStream(request.send)

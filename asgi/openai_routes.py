@@ -90,7 +90,7 @@ async def _complete(request, extended: bool, chat: bool):
     values = validate(await request.json(), fields, unsupported, None if extended else ELSEWHERE)
     prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values)
     engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended)
-    generation = Generation(request.state, engine_request, request.receive, request.started)
+    generation = Generation(request, engine_request)
     generation.submit()
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())

@@ -13,29 +13,40 @@ from .fields import (
     NATIVE_SPECULATIVE,
     NATIVE_TREE,
 )
+from .schema import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
+# Shapes that overlap (an empty array is both a string array and an id array) use anyOf:
+# oneOf would declare `[]` invalid, which the server accepts.
+TEXT = {"type": "string", "minLength": 1}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_LENGTH}
+STOP_STRINGS = {"type": "array", "items": STOP_STRING, "maxItems": MAX_STOP_STRINGS}
 KIND_SCHEMAS = {
     "string": {"type": "string"},
     "integer": {"type": "integer"},
     "number": {"type": "number"},
     "boolean": {"type": "boolean"},
     "object": {"type": "object"},
-    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]},
-    "native_stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                              {"type": "array", "items": {"type": "integer"}}]},
-    "native_prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
-    "completion_prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}},
-                                    {"type": "array", "items": {"type": "string"}, "maxItems": 1}]},
-    "messages": {"type": "array", "items": {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
-        "name": {"type": "string"}}}},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "loops": {"oneOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},
+    "stop": {"anyOf": [STOP_STRING, STOP_STRINGS]},
+    "native_stop": {"anyOf": [STOP_STRING, STOP_STRINGS,
+                              {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 1024}]},
+    "native_prompt": {"anyOf": [TEXT, TOKEN_IDS]},
+    "completion_prompt": {"anyOf": [TEXT, TOKEN_IDS, {"type": "array", "items": TEXT, "minItems": 1, "maxItems": 1}]},
+    "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {
+        "type": "object", "required": ["role", "content"], "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                "type": "object", "required": ["type", "text"],
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+            "name": {"type": "string"}}}},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
+                       "additionalProperties": False},
+    "loops": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},
 }
-ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
-    "code": {"type": ["string", "null"]}}}}}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
+    "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 
 
 def _schema(fields: dict) -> dict:
@@ -50,6 +61,8 @@ def _schema(fields: dict) -> dict:
             prop["maximum"] = field.high
         if field.choices:
             prop["enum"] = list(field.choices)
+        if not field.required:
+            prop = _nullable(prop)            # null means "absent": the default applies
         if field.doc:
             prop["description"] = field.doc
         properties[name] = prop
@@ -58,22 +71,64 @@ def _schema(fields: dict) -> dict:
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def _post(summary: str, fields: dict) -> dict:
+def _nullable(prop: dict) -> dict:
+    if "anyOf" in prop:
+        return {**prop, "anyOf": [*prop["anyOf"], {"type": "null"}]}
+    out = {**prop, "type": [prop["type"], "null"]}
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
+def _post(summary: str, fields: dict, reply: dict) -> dict:
+    ok = {"description": "JSON, or server-sent events when stream is true",
+          "content": {"application/json": {"schema": reply}, "text/event-stream": {"schema": SSE_EVENT}}}
     return {"post": {"summary": summary,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _schema(fields)}}},
-                     "responses": _responses("JSON, or text/event-stream when stream is true")}}
+                     "responses": {"200": ok, **_errors()}}}
 
 
-def _get(summary: str) -> dict:
-    return {"get": {"summary": summary, "responses": _responses("JSON")}}
+def _get(summary: str, reply: dict, content_type: str = "application/json", failing: tuple = ()) -> dict:
+    """failing: statuses other than 200 this route answers with `reply`'s shape (/health's 503)."""
+    ok = {"content": {content_type: {"schema": reply}}}
+    responses = {"200": {"description": "OK", **ok}, **_errors()}
+    for code in failing:
+        responses[str(code)] = {"description": "not ready", **ok}
+    return {"get": {"summary": summary, "responses": responses}}
 
 
-def _responses(ok: str) -> dict:
+def _errors() -> dict:
     error = {"content": {"application/json": {"schema": ERROR}}}
-    return {"200": {"description": ok}, **{str(code): {"description": text, **error} for code, text in (
+    return {str(code): {"description": text, **error} for code, text in (
         (400, "invalid value or unsupported field"), (401, "missing or wrong API key"),
         (413, "body too large"), (415, "wrong content type"), (422, "wrong type or shape"),
-        (429, "queue full; see Retry-After"), (503, "model loading or worker failed"))}}
+        (429, "queue full; see Retry-After"), (503, "model loading, worker failed or draining"))}
+
+
+def _object(required: dict, **optional) -> dict:
+    return {"type": "object", "required": list(required), "properties": {**required, **optional}}
+
+
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+INT, STR, NUM, OBJ = {"type": "integer"}, {"type": "string"}, {"type": "number"}, {"type": "object"}
+FINISH = {"type": "string", "enum": ["stop", "length"]}
+USAGE = _object({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
+EXTENDED = {"stats": OBJ, "model_info": OBJ, "runtime": OBJ}
+CHAT_REPLY = _object({"id": STR, "object": {"const": "chat.completion"}, "created": INT, "model": STR,
+                      "choices": {"type": "array", "minItems": 1, "items": _object({
+                          "index": INT, "finish_reason": FINISH,
+                          "message": _object({"role": {"const": "assistant"}, "content": STR})})},
+                      "usage": USAGE}, **EXTENDED)
+COMPLETION_REPLY = _object({"id": STR, "object": {"const": "text_completion"}, "created": INT, "model": STR,
+                            "choices": {"type": "array", "minItems": 1, "items": _object({
+                                "index": INT, "text": STR, "finish_reason": FINISH})},
+                            "usage": USAGE}, **EXTENDED)
+NATIVE_REPLY = _object({"tokens": {"type": "array", "items": INT}, "text": STR, "finish_reason": FINISH,
+                        "stats": OBJ})
+MODELS_REPLY = _object({"object": {"const": "list"}, "data": {"type": "array", "items": _object({
+    "id": STR, "object": {"const": "model"}, "created": INT, "owned_by": STR})}})
+HEALTH_REPLY = _object({"status": {"type": "string", "enum": ["ready", "loading", "worker_failed", "draining"]},
+                        "model": {"type": ["string", "null"]}}, reason=STR)
 
 
 @lru_cache(maxsize=1)
@@ -87,17 +142,20 @@ def openapi_document() -> dict:
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
         "paths": {
-            "/v1/models": _get("List the served model"),
-            "/v1/chat/completions": _post("Chat completion (OpenAI)", CHAT),
-            "/v1/completions": _post("Text completion (OpenAI)", COMPLETION),
-            "/api/v0/models": _get("List the served model, with LM Studio-style details"),
-            "/api/v0/chat/completions": _post("Chat completion with TinyLoop knobs and stats", extended_chat),
-            "/api/v0/completions": _post("Text completion with TinyLoop knobs and stats", extended_completion),
-            "/generate": _post("Native generation", NATIVE),
-            "/generate/speculative": _post("Native self-speculative generation", NATIVE_SPECULATIVE),
-            "/generate/tree_speculative": _post("Native tree-speculative generation", NATIVE_TREE),
-            "/health": _get("Readiness: ready (200), loading or worker_failed (503)"),
-            "/metrics": _get("Prometheus metrics"),
-            "/openapi.json": _get("This document"),
+            "/v1/models": _get("List the served model", MODELS_REPLY),
+            "/v1/chat/completions": _post("Chat completion (OpenAI)", CHAT, CHAT_REPLY),
+            "/v1/completions": _post("Text completion (OpenAI)", COMPLETION, COMPLETION_REPLY),
+            "/api/v0/models": _get("List the served model, with LM Studio-style details", MODELS_REPLY),
+            "/api/v0/chat/completions": _post("Chat completion with TinyLoop knobs and stats", extended_chat,
+                                              CHAT_REPLY),
+            "/api/v0/completions": _post("Text completion with TinyLoop knobs and stats", extended_completion,
+                                         COMPLETION_REPLY),
+            "/generate": _post("Native generation", NATIVE, NATIVE_REPLY),
+            "/generate/speculative": _post("Native self-speculative generation", NATIVE_SPECULATIVE, NATIVE_REPLY),
+            "/generate/tree_speculative": _post("Native tree-speculative generation", NATIVE_TREE, NATIVE_REPLY),
+            "/health": _get("Readiness: ready (200); loading, worker_failed or draining (503)", HEALTH_REPLY,
+                            failing=(503,)),
+            "/metrics": _get("Prometheus metrics", STR, "text/plain"),
+            "/openapi.json": _get("This document", OBJ),
         },
     }

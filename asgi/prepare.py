@@ -77,6 +77,8 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
 def prompt_ids_of(state, prompt) -> list:
     """A validated ("text", str) or ("ids", [int]) prompt -> token ids (BOS added to text)."""
     kind, value = prompt
+    if kind == "text" and not value:
+        raise bad_request("prompt must not be empty", "prompt")
     if kind == "text":
         prompt_ids = state.loaded.encode_prompt(value)
     else:

@@ -9,6 +9,7 @@ import time
 
 from tinyloop import __version__
 from tinyloop.engine.engine import Engine
+from tinyloop.engine.faults import fault_plan_from_env
 from tinyloop.model.loader import LoadedModel, load_model
 from tinyloop.text.chat import ChatTemplate
 
@@ -64,10 +65,15 @@ class ServerState:
             self._fail("no model configured: set TINYLOOP_MODEL_PATH (or use `tinyloop serve --model`)")
             return
         try:
+            faults = fault_plan_from_env(os.environ)
+            if faults is not None:
+                log.warning("TEST HOOK: fault injection is on (%s:%d); never set TINYLOOP_TEST_HOOKS in "
+                            "production", faults.point, faults.after)
             loaded = load_model(path, self.settings.device, self.settings.kv_mode)
             template = ChatTemplate.from_metadata(loaded.file.chat_template)
             engine = Engine(loaded, self.settings.max_waiting, on_failure=self._engine_failed,
-                            on_job_done=self.metrics.on_job_done, kv_budget_bytes=self.settings.kv_budget_bytes)
+                            on_job_done=self.metrics.on_job_done, kv_budget_bytes=self.settings.kv_budget_bytes,
+                            faults=faults)
         except Exception as exc:         # noqa: BLE001 - any load failure keeps the server up, 503
             self._fail(f"model failed to load: {exc}")
             return

@@ -139,6 +139,17 @@ def cmd_new_model(args) -> int:
     return 0
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to bind reaches this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def cmd_serve(args) -> int:
     import os
 
@@ -179,6 +190,9 @@ def cmd_serve(args) -> int:
     else:
         _, key_file = load_or_create_key(settings.state_dir or default_state_dir())
         auth = f"API key in {key_file} (send it as 'Authorization: Bearer <key>')"
+    if not settings.auth and not is_loopback(args.host):
+        print(f"tinyloop serve: WARNING: binding {args.host} (not loopback) with authentication OFF: anyone "
+              "who can reach this address can use the server; drop --no-auth or bind 127.0.0.1", file=sys.stderr)
     print(f"tinyloop serve: model {env['TINYLOOP_MODEL_PATH']}", file=sys.stderr)
     print(f"tinyloop serve: http://{args.host}:{args.port}/v1 (OpenAI), /api/v0, /generate; {auth}",
           file=sys.stderr)
@@ -281,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the key is TINYLOOP_API_KEY or a generated key file (its path is printed).")
     p.add_argument("--model", default=None, help="path of a .tinyloop file (default: $TINYLOOP_MODEL_PATH, "
                                                  "else the default model, pulled on first use)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only; "
+                   "another address with --no-auth prints a warning)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests that may wait while one generates; more get 429 "

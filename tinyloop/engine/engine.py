@@ -59,8 +59,9 @@ class Submission:
 
 class Engine:
     def __init__(self, loaded, max_waiting: int = 8, on_failure=None, on_job_done=None,
-                 kv_budget_bytes: int | None = None):
+                 kv_budget_bytes: int | None = None, faults=None):
         self.loaded = loaded
+        self.faults = faults                    # a FaultPlan (tests only: engine/faults.py) or None
         model = loaded.model
         self.max_waiting = max_waiting
         self.on_failure = on_failure
@@ -165,6 +166,8 @@ class Engine:
             elif submission.cancel.is_set():
                 sequence.end(FINISH_CANCELLED)
             else:
+                if self.faults is not None:
+                    self.faults.before_step(sequence)
                 sequence.step()
         except RequestError as exc:
             submission.sequence = None
