@@ -75,6 +75,7 @@ class Generation:
         self.started = started
         self.first_token_at: float | None = None
         self.outcome: Outcome | None = None
+        self.logprobs: list = []          # TokenLogprobs per generated token, when the request asks for them
         self.submission = None
         self._mailbox = Mailbox(asyncio.get_running_loop())
 
@@ -112,6 +113,8 @@ class Generation:
                         if self.first_token_at is None:
                             self.first_token_at = time.perf_counter()
                         batch.append(payload)
+                    elif kind == "logprobs":
+                        self.logprobs.append(payload)
                     elif kind == "done":
                         if payload.finish_reason == FINISH_SHUTDOWN:
                             raise unavailable("the server is shutting down; the generation was stopped",

@@ -16,6 +16,15 @@ from .generation import Generation, Outcome
 from .http import EventStream, send_json
 from .prepare import prepare_openai, prompt_ids_of
 from .schema import validate
+from .structured import (
+    active_tools,
+    chat_logprobs,
+    check_logit_bias,
+    completion_logprobs,
+    grammar_of,
+    tool_calls_of,
+    top_logprobs_of,
+)
 
 
 async def list_models(request, extended: bool = False):
@@ -55,15 +64,15 @@ def extras(request, outcome: Outcome) -> dict:
             "runtime": request.state.runtime()}
 
 
-def _chat_prompt(request, values):
+def _chat_prompt(request, values, tools):
     state = request.state
-    prompt_ids = state.loaded.with_bos(state.template.render(values["messages"], state.loaded.tokenizer))
+    prompt_ids = state.loaded.with_bos(state.template.render(values["messages"], state.loaded.tokenizer, tools))
     stop_strings = list(values["stop"] or []) + list(state.template.stop_strings)
     stop_ids = state.template.end_of_turn_ids(state.loaded.tokenizer)
     return prompt_ids, stop_strings, stop_ids
 
 
-def _completion_prompt(request, values):
+def _completion_prompt(request, values, tools):
     return prompt_ids_of(request.state, values["prompt"]), list(values["stop"] or []), ()
 
 
@@ -81,8 +90,11 @@ async def _complete(request, extended: bool, chat: bool):
         fields.update(LMSTUDIO_EXTRAS)
     unsupported = OPENAI_UNSUPPORTED if chat else {**OPENAI_UNSUPPORTED, **COMPLETIONS_UNSUPPORTED}
     values = validate(await request.json(), fields, unsupported, None if extended else ELSEWHERE)
-    prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values)
-    engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended)
+    tools, choice = active_tools(values) if chat else ([], "none")
+    prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values, tools)
+    engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended,
+                                    grammar_of(request.state, values, tools, choice), top_logprobs_of(values, chat),
+                                    check_logit_bias(request.state, values.get("logit_bias")))
     generation = Generation(request.state, engine_request, request.receive, request.started)
     generation.submit()
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -90,15 +102,22 @@ async def _complete(request, extended: bool, chat: bool):
     model = values["model"]
     if values["stream"]:
         await _stream(request, generation, ident, created, model, chat, extended,
-                      bool((values["stream_options"] or {}).get("include_usage")))
+                      bool((values["stream_options"] or {}).get("include_usage")), tools)
         return
     _, text = await generation.text()
     outcome = generation.outcome
+    tokenizer = request.state.loaded.tokenizer
+    wants_logprobs = engine_request.top_logprobs is not None
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": outcome.finish_reason}
+        calls = tool_calls_of(text, tools) if tools else None
+        message = {"role": "assistant", "content": None if calls else text}
+        if calls:
+            message["tool_calls"] = calls
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else outcome.finish_reason,
+                  "logprobs": chat_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason}
+        choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason,
+                  "logprobs": completion_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     body = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": model, "choices": [choice], "usage": usage(outcome)}
     if extended:
@@ -106,25 +125,56 @@ async def _complete(request, extended: bool, chat: bool):
     await send_json(request.send, 200, body)
 
 
-async def _stream(request, generation, ident, created, model, chat, extended, include_usage):
+async def _stream(request, generation, ident, created, model, chat, extended, include_usage, tools):
+    """Text deltas as they come. With tools, a reply that starts with a call is held back:
+    at the end every call is validated, then each goes out in its own delta.tool_calls
+    chunk (index, id, name, complete arguments), then finish_reason tool_calls."""
     stream = EventStream(request.send)
     request.stream = stream
     kind = "chat.completion.chunk" if chat else "text_completion"
+    tokenizer = request.state.loaded.tokenizer
+    wants_logprobs = generation.request.top_logprobs is not None
+    shape_logprobs = chat_logprobs if chat else completion_logprobs
 
-    def chunk(delta_or_text, finish=None):
+    def chunk(delta_or_text, finish=None, logprobs=None):
         if chat:
             choice = {"index": 0, "delta": delta_or_text, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta_or_text, "finish_reason": finish}
+        if wants_logprobs:
+            choice["logprobs"] = shape_logprobs(tokenizer, logprobs) if logprobs else None
         return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
 
     await stream.start()
     if chat:
         await stream.event(chunk({"role": "assistant"}))
+    held: list[str] | None = None           # the reply so far, while it may be tool calls
+    emitted = reported = 0                  # tokens seen / tokens whose logprobs went out
     async for batch in generation.batches():
-        await stream.events([chunk({"content": text} if chat else text) for _, text in batch if text])
+        events = []
+        for token_id, text in batch:
+            emitted += token_id is not None
+            if tools and held is None and not events and emitted <= 1 and text and text.startswith("<"):
+                held = []
+            if held is not None:
+                held.append(text or "")
+            elif text:
+                events.append(chunk({"content": text} if chat else text, None,
+                                    generation.logprobs[reported:emitted]))
+                reported = emitted
+        await stream.events(events)
     outcome = generation.outcome
-    final = chunk({} if chat else "", outcome.finish_reason)
+    finish = outcome.finish_reason
+    if held is not None:
+        text = "".join(held)
+        calls = tool_calls_of(text, tools)
+        if calls is None:
+            await stream.event(chunk({"content": text}, None, generation.logprobs))
+        else:
+            await stream.events([chunk({"tool_calls": [{"index": index, **call}]}) for index, call in
+                                 enumerate(calls)])
+            finish = "tool_calls"
+    final = chunk({} if chat else "", finish)
     if extended:
         final.update(extras(request, outcome))
     await stream.event(final)

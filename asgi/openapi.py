@@ -5,6 +5,7 @@ from functools import lru_cache
 
 from tinyloop import __version__
 
+from .agent_fields import OPENAPI_KINDS
 from .fields import (
     CHAT,
     COMPLETION,
@@ -32,6 +33,7 @@ KIND_SCHEMAS = {
         "name": {"type": "string"}}}},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
 }
+KIND_SCHEMAS.update(OPENAPI_KINDS)
 ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
     "code": {"type": ["string", "null"]}}}}}

@@ -56,7 +56,8 @@ def _loops(state, values):
     return loops
 
 
-def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool) -> GenerationRequest:
+def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool, grammar=None,
+                   top_logprobs: int | None = None, logit_bias: tuple = ()) -> GenerationRequest:
     if values.get("max_tokens") is not None and values.get("max_completion_tokens") is not None \
             and values["max_tokens"] != values["max_completion_tokens"]:
         raise bad_request("max_tokens and max_completion_tokens disagree; send one of them",
@@ -67,11 +68,11 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
         temperature=float(values["temperature"]), top_k=values["top_k"], top_p=float(values["top_p"]),
         repetition_penalty=float(values.get("repetition_penalty", 1.0)),
         presence_penalty=float(values["presence_penalty"]), frequency_penalty=float(values["frequency_penalty"]),
-        seed=_seed(values["seed"])))
+        seed=_seed(values["seed"]), min_p=float(values.get("min_p") or 0.0), logit_bias=logit_bias))
     speculative = _speculative(state, values, mode)
     return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
                              sampling, tuple(stop_ids), tuple(stop_strings), cache_window=values.get("cache_window") or 0,
-                             mode=mode, speculative=speculative)
+                             mode=mode, speculative=speculative, grammar=grammar, top_logprobs=top_logprobs)
 
 
 def prompt_ids_of(state, prompt) -> list:

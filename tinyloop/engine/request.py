@@ -22,6 +22,8 @@ class GenerationRequest:
     cache_window: int = 0                     # > 0: attend to the last cache_window positions only
     mode: str = "generate"                    # generate | speculative | tree_speculative
     speculative: SpeculativeParams | None = None   # draft/verify settings of the speculative modes
+    grammar: object | None = None             # tinyloop.grammar.compile.Grammar: output constrained to it
+    top_logprobs: int | None = None           # None: no logprobs; else alternatives per token (0..20)
 
 
 @dataclass
@@ -39,6 +41,7 @@ class GenerationResult:
     speculative: object | None = None   # SpeculativeStats for the speculative modes
     text: str | None = None             # the released text (with a tokenizer): stop strings cut
     text_tail: str = ""                 # released only at the end (held back for stop strings)
+    logprobs: list | None = None        # TokenLogprobs per token of `tokens`, when asked for
 
     @property
     def tokens_per_second(self) -> float:

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from tinyloop.errors import TinyLoopError
+from tinyloop.text import toolformat
 from tinyloop.text.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant")          # what a message may be from (asgi/schema.py checks)
+ROLES = ("system", "user", "assistant", "tool")  # what a message may be from (asgi/chat_messages.py checks)
 TEMPLATES = ("plain", "chatml")
 
 
@@ -54,29 +55,44 @@ class ChatTemplate:
             return (_special_id(tokenizer, "<|im_end|>"),)
         return ()
 
-    def render(self, messages: list[dict], tokenizer: Tokenizer) -> list[int]:
-        """Messages ({role, content}) -> prompt ids ending where the assistant speaks."""
+    def render(self, messages: list[dict], tokenizer: Tokenizer, tools: list | None = None) -> list[int]:
+        """Messages ({role, content, tool_calls?}) -> prompt ids ending where the assistant
+        speaks. tools: function declarations, written at the end of the system turn
+        (text/toolformat.py); they count against the context like any prompt text."""
+        messages = self._with_system(messages, tools)
         if self.name == "chatml":
             return self._render_chatml(messages, tokenizer)
         return self._render_plain(messages, tokenizer)
 
-    def _render_plain(self, messages, tokenizer):
-        parts = []
+    def _with_system(self, messages, tools):
+        messages = list(messages)
         if self.default_system and not any(m["role"] == "system" for m in messages):
-            parts.append(f"System: {self.default_system}\n")
-        for message in messages:
-            parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
+            messages.insert(0, {"role": "system", "content": self.default_system})
+        if tools:
+            if messages[0]["role"] != "system":
+                messages.insert(0, {"role": "system", "content": ""})
+            declared = toolformat.declarations(tools)
+            messages[0] = {**messages[0], "content": messages[0]["content"] + declared}
+        return messages
+
+    @staticmethod
+    def _text(message) -> str:
+        text = message["content"]
+        if message.get("tool_calls"):
+            text = (text + "\n" if text else "") + toolformat.calls_text(message["tool_calls"])
+        return text
+
+    def _render_plain(self, messages, tokenizer):
+        parts = [f"{message['role'].capitalize()}: {self._text(message)}\n" for message in messages]
         parts.append("Assistant:")
         return tokenizer.encode("".join(parts))
 
     def _render_chatml(self, messages, tokenizer):
         start, end = _special_id(tokenizer, "<|im_start|>"), _special_id(tokenizer, "<|im_end|>")
         newline = tokenizer.encode("\n")
-        if self.default_system and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": self.default_system}] + list(messages)
         ids: list[int] = []
         for message in messages:
-            ids += [start] + tokenizer.encode(f"{message['role']}\n{message['content']}") + [end] + newline
+            ids += [start] + tokenizer.encode(f"{message['role']}\n{self._text(message)}") + [end] + newline
         return ids + [start] + tokenizer.encode("assistant\n")
 
 
