@@ -35,7 +35,8 @@ def _tools(name, value):
             raise bad_request(f"'{at}.function.{sorted(extra)[0]}' is not supported", f"{at}.function")
         fname = function.get("name")
         if not isinstance(fname, str) or not FUNCTION_NAME.match(fname):
-            raise bad_request(f"'{at}.function.name' must be 1 to 64 letters, digits, '_' or '-'", f"{at}.function.name")
+            raise bad_request(f"'{at}.function.name' must be 1 to 64 letters, digits, '_' or '-'",
+                              f"{at}.function.name")
         if fname in names:
             raise bad_request(f"'{at}.function.name' {fname!r} is declared twice", f"{at}.function.name")
         names.add(fname)
