@@ -15,6 +15,7 @@ from .fields import (
 from .generation import Generation, Outcome
 from .http import EventStream, send_json
 from .prepare import prepare_openai, prompt_ids_of
+from .reply import Reply
 from .schema import validate
 from .structured import (
     active_tools,
@@ -22,7 +23,6 @@ from .structured import (
     check_logit_bias,
     completion_logprobs,
     grammar_of,
-    tool_calls_of,
     top_logprobs_of,
 )
 
@@ -94,7 +94,8 @@ async def _complete(request, extended: bool, chat: bool):
     prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values, tools)
     engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended,
                                     grammar_of(request.state, values, tools, choice), top_logprobs_of(values, chat),
-                                    check_logit_bias(request.state, values.get("logit_bias")))
+                                    check_logit_bias(request.state, values.get("logit_bias")),
+                                    thinking=chat and request.state.template.thinking is not None)
     generation = Generation(request.state, engine_request, request.receive, request.started)
     generation.submit()
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -109,11 +110,11 @@ async def _complete(request, extended: bool, chat: bool):
     tokenizer = request.state.loaded.tokenizer
     wants_logprobs = engine_request.top_logprobs is not None
     if chat:
-        calls = tool_calls_of(text, tools) if tools else None
-        message = {"role": "assistant", "content": None if calls else text}
-        if calls:
-            message["tool_calls"] = calls
-        choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else outcome.finish_reason,
+        reply = Reply(request.state.template.thinking, tools)
+        reply.feed(text)
+        _, calls = reply.finish()
+        choice = {"index": 0, "message": reply.message(calls),
+                  "finish_reason": "tool_calls" if calls else outcome.finish_reason,
                   "logprobs": chat_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason,
@@ -126,54 +127,52 @@ async def _complete(request, extended: bool, chat: bool):
 
 
 async def _stream(request, generation, ident, created, model, chat, extended, include_usage, tools):
-    """Text deltas as they come. With tools, a reply that starts with a call is held back:
-    at the end every call is validated, then each goes out in its own delta.tool_calls
-    chunk (index, id, name, complete arguments), then finish_reason tool_calls."""
+    """Deltas as they come (reasoning_content, then content). With tools, everything from
+    the first call's opening line is held back: at the end every call is validated, then
+    each goes out whole in its own delta.tool_calls chunk (index, id, name, complete
+    arguments), then finish_reason tool_calls. Logprobs ride on the chunk that publishes
+    their token's text (held-back tokens: on the next chunk that goes out)."""
     stream = EventStream(request.send)
     request.stream = stream
     kind = "chat.completion.chunk" if chat else "text_completion"
     tokenizer = request.state.loaded.tokenizer
     wants_logprobs = generation.request.top_logprobs is not None
     shape_logprobs = chat_logprobs if chat else completion_logprobs
+    reply = Reply(request.state.template.thinking, tools) if chat else None
+    seen = reported = 0                     # tokens seen / tokens whose logprobs went out
 
-    def chunk(delta_or_text, finish=None, logprobs=None):
+    def chunk(delta_or_text, finish=None):
+        nonlocal reported
         if chat:
             choice = {"index": 0, "delta": delta_or_text, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta_or_text, "finish_reason": finish}
         if wants_logprobs:
-            choice["logprobs"] = shape_logprobs(tokenizer, logprobs) if logprobs else None
+            pending = generation.logprobs[reported:seen]
+            choice["logprobs"] = shape_logprobs(tokenizer, pending) if pending else None
+            reported = seen
         return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
 
     await stream.start()
     if chat:
         await stream.event(chunk({"role": "assistant"}))
-    held: list[str] | None = None           # the reply so far, while it may be tool calls
-    emitted = reported = 0                  # tokens seen / tokens whose logprobs went out
     async for batch in generation.batches():
         events = []
         for token_id, text in batch:
-            emitted += token_id is not None
-            if tools and held is None and not events and emitted <= 1 and text and text.startswith("<"):
-                held = []
-            if held is not None:
-                held.append(text or "")
-            elif text:
-                events.append(chunk({"content": text} if chat else text, None,
-                                    generation.logprobs[reported:emitted]))
-                reported = emitted
+            seen += token_id is not None
+            if not text:
+                continue
+            events += [chunk(delta) for delta in reply.feed(text)] if chat else [chunk(text)]
         await stream.events(events)
     outcome = generation.outcome
     finish = outcome.finish_reason
-    if held is not None:
-        text = "".join(held)
-        calls = tool_calls_of(text, tools)
-        if calls is None:
-            await stream.event(chunk({"content": text}, None, generation.logprobs))
-        else:
-            await stream.events([chunk({"tool_calls": [{"index": index, **call}]}) for index, call in
-                                 enumerate(calls)])
+    if chat:
+        deltas, calls = reply.finish()
+        events = [chunk(delta) for delta in deltas]
+        if calls:
+            events += [chunk({"tool_calls": [{"index": index, **call}]}) for index, call in enumerate(calls)]
             finish = "tool_calls"
+        await stream.events(events)
     final = chunk({} if chat else "", finish)
     if extended:
         final.update(extras(request, outcome))

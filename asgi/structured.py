@@ -20,6 +20,8 @@ from tinyloop.grammar.compile import (
     json_object_grammar,
     json_schema_grammar,
     lark_grammar,
+    schema_lark,
+    with_thinking,
 )
 from tinyloop.grammar.schema_check import check_schema, closed_objects
 from tinyloop.text import toolformat
@@ -56,12 +58,23 @@ def active_tools(values) -> tuple[list, object]:
 
 
 def grammar_of(state, values, tools, choice) -> Grammar | None:
+    """The reply's grammar, or None. A thinking template's reply may think first."""
     tokenizer = state.loaded.tokenizer
     eos = state.loaded.config.eos_token_ids
+    thinking = state.template.thinking
+    response_format = values.get("response_format") or {"type": "text"}
+    if thinking is not None and (tools or response_format["type"] != "text"):
+        if tools:
+            text, param = _tools_lark(tools, choice, values.get("parallel_tool_calls", True)), "tools"
+        elif response_format["type"] == "json_object":
+            text, param = f"start: {json_in_lark({'type': 'object'})}\n", "response_format"
+        else:
+            text = _engine_errors(lambda: schema_lark(response_format["schema"], "response_format"))
+            param = "response_format"
+        return _engine_errors(lambda: Grammar(lark_grammar(with_thinking(text, thinking)), tokenizer, eos, param))
     if tools:
         text = _tools_lark(tools, choice, values.get("parallel_tool_calls", True))
         return _engine_errors(lambda: Grammar(lark_grammar(text), tokenizer, eos, "tools"))
-    response_format = values.get("response_format") or {"type": "text"}
     if response_format["type"] == "json_object":
         return _engine_errors(lambda: Grammar(json_object_grammar(), tokenizer, eos, "response_format"))
     if response_format["type"] == "json_schema":
@@ -71,8 +84,9 @@ def grammar_of(state, values, tools, choice) -> Grammar | None:
 
 
 def _tools_lark(tools, choice, parallel: bool) -> str:
-    """The reply's grammar: calls only (required, a named function), or plain text that
-    does not start with '<' or calls (auto). parallel false: exactly one call."""
+    """The reply's grammar: calls only (required, a named function); or (auto) text
+    without the call tag, or calls, or text then a newline then calls. A call opens a
+    line. parallel false: exactly one call."""
     names = [choice["function"]] if isinstance(choice, dict) else [t["function"]["name"] for t in tools]
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     alternatives = [{"type": "object", "properties": {"name": {"const": name},
@@ -80,13 +94,14 @@ def _tools_lark(tools, choice, parallel: bool) -> str:
                      "required": ["name", "arguments"], "additionalProperties": False} for name in names]
     call_schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
     open_tag, close_tag = toolformat.OPEN, toolformat.CLOSE
-    calls = 'call ("\\n" call)*' if parallel else "call"
-    start = "TEXT | calls" if choice == "auto" else "calls"
+    more = f'("\\n{open_tag}\\n" arguments "\\n{close_tag}")*' if parallel else '""'
+    start = f'TEXT | "{open_tag}\\n" calls | lead calls' if choice == "auto" else f'"{open_tag}\\n" calls'
     return (f"start: {start}\n"
-            f"calls: {calls}\n"
-            f'call: "{open_tag}\\n" arguments "\\n{close_tag}"\n'
+            f'calls: arguments "\\n{close_tag}" {more}\n'
             f"arguments: {json_in_lark(call_schema)}\n"
-            "TEXT: /[^<][\\s\\S]*/\n")
+            # text that never spells the tag; text (not opening with "<") up to the first call line
+            f"TEXT: /[\\s\\S]+/ & ~/[\\s\\S]*{open_tag}[\\s\\S]*/\n"
+            f"lead[lazy]: /[^<][\\s\\S]*\\n{open_tag}\\n/\n")
 
 
 def top_logprobs_of(values, chat: bool) -> int | None:
@@ -108,10 +123,8 @@ def check_logit_bias(state, bias) -> tuple:
 
 # ------------------------------------------------------------------------------ out
 def tool_calls_of(text: str, tools) -> list[dict] | None:
-    """The reply's calls in OpenAI's shape, or None if the reply is text. Every call is
-    validated before any is returned."""
-    if not text.startswith(toolformat.OPEN):
-        return None
+    """Calls text (<tool_call>...</tool_call>, one per line) -> the calls in OpenAI's shape,
+    or None if it is not whole (cut short). Every call is validated before any is returned."""
     calls = toolformat.parse_calls(text)
     if calls is None:
         return None                     # cut short (max_tokens): returned as text with finish_reason length

@@ -138,3 +138,27 @@ def test_bad_input_is_a_clear_400(client, extra, fragment):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**body)
     assert fragment in info.value.response.json()["error"]["message"]
+
+
+def test_tool_choice_auto_gives_text_or_valid_calls_streamed_alike(client):
+    kinds = set()
+    for seed in range(4):
+        kwargs = dict(model="tl", messages=ASK, tools=[WEATHER, ADD], max_tokens=48, temperature=1.0, seed=seed,
+                      logit_bias={"30": 6} if seed % 2 else None)          # nudges toward "<" (a call's start)
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        message = client.chat.completions.create(**kwargs).choices[0].message
+        if message.tool_calls:
+            kinds.add("calls")
+            check_calls(message.tool_calls, [WEATHER, ADD])
+        else:
+            kinds.add("text")
+            assert "<tool_call>" not in message.content
+        content, calls = "", {}
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            content += (delta.content or "") if delta else ""
+            for part in (delta.tool_calls or []) if delta else []:
+                calls[part.index] = (part.function.name, part.function.arguments)
+        assert (content or None) == message.content
+        assert [calls[i] for i in sorted(calls)] == [(c.function.name, c.function.arguments)
+                                                    for c in message.tool_calls or []]

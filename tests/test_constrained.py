@@ -160,3 +160,36 @@ def test_min_p_keeps_tokens_near_the_best():
     probs = Sampler(SamplingParams(temperature=1.0, min_p=0.2), 5).probabilities(logits)
     kept = np.array([0.5, 0.3, 0.1]) / 0.9                     # p >= 0.2 * 0.5
     assert np.allclose(probs, np.concatenate([kept, [0, 0]]))
+
+
+def test_thinking_grammar_thinks_then_answers_in_schema(loaded):
+    """A thinking template's grammar: an optional <think>...</think> section, then the
+    schema. Whatever the sampled path, the part after the section validates."""
+    from tinyloop.grammar.compile import lark_grammar, schema_lark, with_thinking
+    from tinyloop.text.thinking import split_thinking
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"]}
+    tags = ("<think>", "</think>")
+    grammar = Grammar(lark_grammar(with_thinking(schema_lark(schema, "response_format"), tags)), loaded.tokenizer,
+                      loaded.config.eos_token_ids, "response_format")
+    thought = 0
+    for seed in range(12):
+        bias = ((loaded.tokenizer.encode("<")[0], 100.0),) if seed % 2 else ()   # odd seeds: think
+        out = generate(loaded.model, GenerationRequest(loaded.tokenizer.encode("q"), 150, grammar=grammar,
+                                                       sampling=SamplingParams(temperature=1.0, seed=seed,
+                                                                               logit_bias=bias)),
+                       tokenizer=loaded.tokenizer)
+        thought += out.text.startswith("<think>")
+        if out.finish_reason == "stop":
+            reasoning, content = split_thinking(out.text, *tags)
+            jsonschema.validate(orjson.loads(content), schema)
+    assert thought, "no sampled reply took the thinking branch"
+    encode = loaded.tokenizer.encode
+    for text, whole in [('<think>\nhm\n</think>\n\n{"n": 3}', True), ('{"n": 3}', True),
+                        ('<think>x</think>{"n": 10}', False), ('<think>x</think><think>{"n": 1}', False)]:
+        matcher = grammar.start()
+        ids = encode(text)
+        accepted = matcher.matcher.validate_tokens(ids) == len(ids) and matcher.matcher.consume_tokens(ids) \
+            and matcher.complete
+        assert accepted == whole, text

@@ -55,6 +55,26 @@ def lark_grammar(text: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(text)
 
 
+def with_thinking(lark: str, tags: tuple) -> str:
+    """A lark grammar whose reply may first hold a thinking section (open tag, anything
+    without the close tag, close tag, blank lines), as a thinking template's model writes."""
+    open_tag, close_tag = (_regex_literal(tag) for tag in tags)
+    body = lark.replace("start:", "answer:", 1)
+    return (f"start: thinking BLANK? answer | answer\n"
+            f"thinking[lazy]: /{open_tag}[\\s\\S]*{close_tag}/\n"
+            "BLANK: /\\n+/\n" + body)
+
+
+def _regex_literal(text: str) -> str:
+    return "".join("\\" + ch if ch in "\\/.^$|?*+()[]{}-" else ch for ch in text)
+
+
+def schema_lark(schema, param: str) -> str:
+    """json_schema_grammar's language as a lark grammar (to combine with other rules)."""
+    check_schema(schema, param)
+    return f"start: {json_in_lark(closed_objects(schema))}\n"
+
+
 def json_in_lark(schema) -> str:
     """A schema as a lark rule body (llguidance's %json extension), compact like JSON_OPTIONS."""
     schema = {**schema, "x-guidance": JSON_OPTIONS}

@@ -23,6 +23,7 @@ from tinyloop.text.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")  # what a message may be from (asgi/chat_messages.py checks)
 TEMPLATES = ("plain", "chatml")
+THINK_TAGS = ("<think>", "</think>")
 
 
 @dataclass(frozen=True)
@@ -30,25 +31,34 @@ class ChatTemplate:
     name: str = "plain"
     default_system: str | None = None
     stop_strings: tuple = field(default=())
+    thinking: tuple | None = None              # (open tag, close tag) of a thinking section
 
     @classmethod
     def from_metadata(cls, text: str) -> "ChatTemplate":
         """Parse the model file's chat_template entry ("" means plain)."""
         text = (text or "plain").strip()
+        thinking = None
         if text.startswith("{"):
             spec = orjson.loads(text)
             name = spec.get("name", "plain")
             default_system = spec.get("default_system")
+            thinking = spec.get("thinking")
+            thinking = THINK_TAGS if thinking is True else (tuple(thinking) if thinking else None)
+            if thinking is not None and (len(thinking) != 2 or not all(isinstance(t, str) and t for t in thinking)):
+                raise TinyLoopError("chat template option 'thinking' must be true or [open tag, close tag]")
         else:
             name, default_system = text, None
         if name not in TEMPLATES:
             raise TinyLoopError(f"unknown chat template {name!r}; known: {', '.join(TEMPLATES)}")
-        return cls(name, default_system, ("\nUser:",) if name == "plain" else ())
+        return cls(name, default_system, ("\nUser:",) if name == "plain" else (), thinking)
 
     def to_metadata(self) -> str:
-        if self.default_system is None:
+        if self.default_system is None and self.thinking is None:
             return self.name
-        return orjson.dumps({"name": self.name, "default_system": self.default_system}).decode()
+        spec = {"name": self.name, "default_system": self.default_system}
+        if self.thinking is not None:
+            spec["thinking"] = list(self.thinking)
+        return orjson.dumps(spec).decode()
 
     def end_of_turn_ids(self, tokenizer: Tokenizer) -> tuple:
         if self.name == "chatml":
@@ -75,9 +85,11 @@ class ChatTemplate:
             messages[0] = {**messages[0], "content": messages[0]["content"] + declared}
         return messages
 
-    @staticmethod
-    def _text(message) -> str:
+    def _text(self, message) -> str:
         text = message["content"]
+        if self.thinking is not None and message.get("reasoning_content"):
+            open_tag, close_tag = self.thinking
+            text = f"{open_tag}\n{message['reasoning_content']}\n{close_tag}\n\n{text}"
         if message.get("tool_calls"):
             text = (text + "\n" if text else "") + toolformat.calls_text(message["tool_calls"])
         return text
