@@ -114,7 +114,7 @@ async def _complete(request, extended: bool, chat: bool):
         reply.feed(text)
         _, calls = reply.finish()
         choice = {"index": 0, "message": reply.message(calls),
-                  "finish_reason": "tool_calls" if calls else outcome.finish_reason,
+                  "finish_reason": "tool_calls" if calls and outcome.finish_reason == "stop" else outcome.finish_reason,
                   "logprobs": chat_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     else:
         choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason,
@@ -171,7 +171,7 @@ async def _stream(request, generation, ident, created, model, chat, extended, in
         events = [chunk(delta) for delta in deltas]
         if calls:
             events += [chunk({"tool_calls": [{"index": index, **call}]}) for index, call in enumerate(calls)]
-            finish = "tool_calls"
+            finish = "tool_calls" if finish == "stop" else finish         # "length": the last call was cut
         await stream.events(events)
     final = chunk({} if chat else "", finish)
     if extended:

@@ -29,7 +29,7 @@ class Reply:
         return self._deltas(reasoning, content)
 
     def finish(self) -> tuple[list[dict], list[dict] | None]:
-        """(the last deltas, the validated tool calls or None)."""
+        """(the last deltas, the validated whole tool calls or None)."""
         reasoning, content = self.thinking.finish() if self.thinking is not None else ("", "")
         deltas = self._deltas(reasoning, content)
         if self.calls is None:
@@ -37,10 +37,8 @@ class Reply:
         tail = self.calls.finish()
         if not self.calls.split:
             return deltas + self._record({"content": tail}), None
-        calls = tool_calls_of(toolformat.OPEN + "\n" + self.calls.second, self.tools)
-        if calls is None:          # cut short by max_tokens: what was generated comes back as text
-            return deltas + self._record({"content": "\n" + toolformat.OPEN + "\n" + self.calls.second}), None
-        return deltas, calls
+        # A call cut short by max_tokens is dropped; the whole ones before it are returned.
+        return deltas, tool_calls_of(toolformat.OPEN + "\n" + self.calls.second, self.tools) or None
 
     def message(self, calls) -> dict:
         message = {"role": "assistant", "content": "".join(self.content) or (None if calls else "")}

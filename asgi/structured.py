@@ -122,12 +122,11 @@ def check_logit_bias(state, bias) -> tuple:
 
 
 # ------------------------------------------------------------------------------ out
-def tool_calls_of(text: str, tools) -> list[dict] | None:
-    """Calls text (<tool_call>...</tool_call>, one per line) -> the calls in OpenAI's shape,
-    or None if it is not whole (cut short). Every call is validated before any is returned."""
-    calls = toolformat.parse_calls(text)
-    if calls is None:
-        return None                     # cut short (max_tokens): returned as text with finish_reason length
+def tool_calls_of(text: str, tools) -> list[dict]:
+    """Calls text (<tool_call>...</tool_call>, one per line) -> its whole calls in OpenAI's
+    shape (a partial last call, cut by max_tokens, is dropped). Every call is validated
+    before any is returned."""
+    calls, _ = toolformat.parse_calls(text)
     import jsonschema
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}

@@ -35,6 +35,15 @@ def model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def newline_bias(model_path):
+    """logit_bias that makes the model continue after a call (a newline opens the next one)."""
+    from tinyloop.model.modelfile import ModelFile
+    from tinyloop.text.tokenizer import Tokenizer
+    newline, = Tokenizer(ModelFile(model_path).tokenizer_json).encode("\n")
+    return {str(newline): 100}
+
+
+@pytest.fixture(scope="module")
 def client(server):  # noqa: F811
     return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120)
 
@@ -60,10 +69,12 @@ def test_tool_round_trip(client):
     assert second.choices[0].message.tool_calls is None and isinstance(second.choices[0].message.content, str)
 
 
-def test_streamed_tool_calls_assemble_like_the_buffered_reply(client):
-    kwargs = dict(model="tl", messages=ASK, tools=[WEATHER, ADD], tool_choice="required", max_tokens=300,
-                  temperature=0)
+def test_streamed_tool_calls_assemble_like_the_buffered_reply(client, newline_bias):
+    kwargs = dict(model="tl", messages=ASK, tools=[WEATHER, ADD], tool_choice="required", max_tokens=150,
+                  temperature=0, logit_bias=newline_bias)        # calls until max_tokens cuts the last one
     buffered = client.chat.completions.create(**kwargs).choices[0]
+    assert len(buffered.message.tool_calls) >= 2 and buffered.finish_reason == "length"
+    check_calls(buffered.message.tool_calls, [WEATHER, ADD])
     chunks = list(client.chat.completions.create(stream=True, **kwargs))
     calls, finish = {}, None
     for chunk in chunks:
@@ -72,13 +83,13 @@ def test_streamed_tool_calls_assemble_like_the_buffered_reply(client):
             assert part.index not in calls and part.function.arguments       # each call whole, in one chunk
             calls[part.index] = part
         finish = chunk.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and [calls[i].function.name for i in sorted(calls)] == \
+    assert finish == "length" and [calls[i].function.name for i in sorted(calls)] == \
         [c.function.name for c in buffered.message.tool_calls]
     assert [calls[i].function.arguments for i in sorted(calls)] == \
         [c.function.arguments for c in buffered.message.tool_calls]
 
 
-def test_tool_choice_named_none_and_parallel_false(client):
+def test_tool_choice_named_none_and_parallel_false(client, newline_bias):
     named = client.chat.completions.create(model="tl", messages=ASK, tools=[WEATHER, ADD], max_tokens=200,
                                            tool_choice={"type": "function", "function": {"name": "add"}})
     assert {c.function.name for c in named.choices[0].message.tool_calls} == {"add"}
@@ -89,8 +100,8 @@ def test_tool_choice_named_none_and_parallel_false(client):
     for seed in range(3):
         single = client.chat.completions.create(model="tl", messages=ASK, tools=[ADD], tool_choice="required",
                                                 parallel_tool_calls=False, max_tokens=200, temperature=1.0,
-                                                seed=seed)
-        assert len(single.choices[0].message.tool_calls) == 1
+                                                seed=seed, logit_bias=newline_bias)   # would call again if it could
+        assert len(single.choices[0].message.tool_calls) == 1 and single.choices[0].finish_reason == "tool_calls"
 
 
 def test_json_schema_output_validates(client):

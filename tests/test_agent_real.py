@@ -35,6 +35,7 @@ def test_fifty_random_schemas_validate(client):
             model="smol", messages=[{"role": "user", "content": f"Describe item {case} as JSON."}], max_tokens=256,
             temperature=0 if case % 2 else 0.8, seed=case,
             response_format={"type": "json_schema", "json_schema": {"name": "item", "schema": schema}})
+        print(f"schema {case}: {reply.usage.completion_tokens} tokens, {reply.choices[0].finish_reason}", flush=True)
         if reply.choices[0].finish_reason == "stop":
             finished += 1
             jsonschema.validate(json.loads(reply.choices[0].message.content), schema)

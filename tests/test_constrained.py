@@ -193,3 +193,23 @@ def test_thinking_grammar_thinks_then_answers_in_schema(loaded):
         accepted = matcher.matcher.validate_tokens(ids) == len(ids) and matcher.matcher.consume_tokens(ids) \
             and matcher.complete
         assert accepted == whole, text
+
+
+def test_logprobs_follow_temperature_bias_and_grammar_not_truncation():
+    """log_softmax((logits + bias) / T) with refused tokens at -inf, top-p ignored."""
+    logits = np.array([2.0, 1.0, 0.5, -1.0, 0.0])
+    params = SamplingParams(temperature=0.5, top_p=0.5, logit_bias=((4, 1.5),), seed=1)
+
+    class RefuseToken2:
+        def apply(self, scores):
+            scores[2] = -np.inf
+
+    sampler = Sampler(params, 5, constraint=RefuseToken2(), top_logprobs=3)
+    token, entry = sampler.sample_with_logprobs(logits)
+    shaped = np.array([2.0, 1.0, -np.inf, -1.0, 1.5]) / 0.5
+    finite = shaped[np.isfinite(shaped)]
+    expected = shaped - (finite.max() + np.log(np.exp(finite - finite.max()).sum()))
+    assert token == 0                         # top_p 0.5 keeps only the best token
+    assert entry.logprob == pytest.approx(expected[0], abs=1e-12)
+    assert [t for t, _ in entry.top] == [0, 4, 1]
+    assert [lp for _, lp in entry.top] == pytest.approx([expected[0], expected[4], expected[1]], abs=1e-12)

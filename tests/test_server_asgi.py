@@ -241,6 +241,10 @@ BAD_BODIES = [
     (CHAT, {"model": "tl", "messages": HELLO + [{"role": "tool", "content": "4", "tool_call_id": "nope"}]}, 400,
      "messages[1].tool_call_id", "does not match"),
     (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "tool", "content": "2", "tool_call_id": "c1"}]},
+     400, "messages[2].tool_call_id", "still unanswered"),
+    (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
         "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400,
      "messages[0].tool_calls[0].function.arguments", "not valid JSON"),
     (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": "x", "reasoning_content": "a",

@@ -57,22 +57,23 @@ def calls_text(calls: list[dict]) -> str:
     return "\n".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls)
 
 
-def parse_calls(text: str) -> list[dict] | None:
-    """Generated text -> [{name, arguments}] if it is a whole sequence of calls, else None."""
+def parse_calls(text: str) -> tuple[list[dict], bool]:
+    """Generated calls text -> ([{name, arguments}] of its whole calls, whether the text is
+    nothing but whole calls). A reply cut by max_tokens ends in a partial call."""
     calls, rest = [], text
     while rest:
         if not rest.startswith(OPEN + "\n"):
-            return None
+            return calls, False
         end = rest.find("\n" + CLOSE)
         if end < 0:
-            return None
+            return calls, False
         try:
             call = orjson.loads(rest[len(OPEN) + 1:end])
         except orjson.JSONDecodeError:
-            return None
+            return calls, False
         if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
-            return None
+            return calls, False
         calls.append(call)
         rest = rest[end + len(CLOSE) + 1:]
         rest = rest[1:] if rest.startswith("\n") else rest
-    return calls or None
+    return calls, True
