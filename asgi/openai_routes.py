@@ -92,8 +92,9 @@ async def _complete(request, extended: bool, chat: bool):
     values = validate(await request.json(), fields, unsupported, None if extended else ELSEWHERE)
     tools, choice = active_tools(values) if chat else ([], "none")
     prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values, tools)
+    grammar = grammar_of(request.state, values, tools, choice, chat)
     engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended,
-                                    grammar_of(request.state, values, tools, choice), top_logprobs_of(values, chat),
+                                    grammar, top_logprobs_of(values, chat),
                                     check_logit_bias(request.state, values.get("logit_bias")),
                                     thinking=chat and request.state.template.thinking is not None)
     generation = Generation(request.state, engine_request, request.receive, request.started)

@@ -75,9 +75,9 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
     speculative = _speculative(state, values, mode)
     default = THINKING_DEFAULT_MAX_TOKENS if thinking else DEFAULT_MAX_TOKENS
     return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested, default),
-                             _loops(state, values),
-                             sampling, tuple(stop_ids), tuple(stop_strings), cache_window=values.get("cache_window") or 0,
-                             mode=mode, speculative=speculative, grammar=grammar, top_logprobs=top_logprobs)
+                             _loops(state, values), sampling, tuple(stop_ids), tuple(stop_strings),
+                             cache_window=values.get("cache_window") or 0, mode=mode, speculative=speculative,
+                             grammar=grammar, top_logprobs=top_logprobs)
 
 
 def prompt_ids_of(state, prompt) -> list:

@@ -57,30 +57,31 @@ def active_tools(values) -> tuple[list, object]:
     return (tools if choice != "none" else []), choice
 
 
-def grammar_of(state, values, tools, choice) -> Grammar | None:
-    """The reply's grammar, or None. A thinking template's reply may think first."""
+def grammar_of(state, values, tools, choice, chat: bool = True) -> Grammar | None:
+    """The reply's grammar, or None. A chat reply from a thinking template may think first."""
     tokenizer = state.loaded.tokenizer
-    eos = state.loaded.config.eos_token_ids
-    thinking = state.template.thinking
+    thinking = state.template.thinking if chat else None
     response_format = values.get("response_format") or {"type": "text"}
-    if thinking is not None and (tools or response_format["type"] != "text"):
-        if tools:
-            text, param = _tools_lark(tools, choice, values.get("parallel_tool_calls", True)), "tools"
-        elif response_format["type"] == "json_object":
-            text, param = f"start: {json_in_lark({'type': 'object'})}\n", "response_format"
-        else:
-            text = _engine_errors(lambda: schema_lark(response_format["schema"], "response_format"))
-            param = "response_format"
-        return _engine_errors(lambda: Grammar(lark_grammar(with_thinking(text, thinking)), tokenizer, eos, param))
     if tools:
-        text = _tools_lark(tools, choice, values.get("parallel_tool_calls", True))
-        return _engine_errors(lambda: Grammar(lark_grammar(text), tokenizer, eos, "tools"))
-    if response_format["type"] == "json_object":
-        return _engine_errors(lambda: Grammar(json_object_grammar(), tokenizer, eos, "response_format"))
-    if response_format["type"] == "json_schema":
-        return _engine_errors(lambda: Grammar(json_schema_grammar(response_format["schema"], "response_format"),
-                                              tokenizer, eos, "response_format"))
-    return None
+        text, param = _tools_lark(tools, choice, values.get("parallel_tool_calls", True)), "tools"
+    elif response_format["type"] == "json_object":
+        text, param = (json_object_grammar() if thinking is None else f"start: {json_in_lark({'type': 'object'})}\n",
+                       "response_format")
+    elif response_format["type"] == "json_schema":
+        build = json_schema_grammar if thinking is None else schema_lark
+        text, param = _engine_errors(lambda: build(response_format["schema"], "response_format")), "response_format"
+    else:
+        return None
+    # The grammar ends the reply with one of these; the engine stops on each of them.
+    eos = tuple(state.loaded.config.eos_token_ids) + (state.template.end_of_turn_ids(tokenizer) if chat else ())
+    if not eos:
+        raise bad_request("this model has no end-of-sequence token, which constrained output (tools, "
+                          "response_format) needs to end a reply", param)
+    if thinking is not None:
+        text = lark_grammar(with_thinking(text, thinking))
+    elif tools:
+        text = lark_grammar(text)
+    return _engine_errors(lambda: Grammar(text, tokenizer, eos, param))
 
 
 def _tools_lark(tools, choice, parallel: bool) -> str:

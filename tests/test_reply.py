@@ -106,3 +106,32 @@ def test_thinking_history_is_rendered_only_for_thinking_templates():
     assert "Assistant: <think>\n1+2\n</think>\n\n3\n" in render(thinking, message)
     assert "Assistant: 3\n" in render(ChatTemplate.from_metadata("plain"), message)
     assert ChatTemplate.from_metadata(thinking.to_metadata()) == thinking
+
+
+def test_a_thinking_template_routes_reasoning_buffered_and_streamed(tmp_path):
+    """A tiny model whose template has a thinking section, pushed into it (a grammar allows
+    <think> first, a bias picks '<'): the thinking goes to reasoning_content, never content."""
+    from test_server_asgi import post, ready_app
+
+    from tinyloop.model.modelfile import ModelFile, write_model_file
+    from tinyloop.model.testmodels import make_test_model, random_weights
+    from tinyloop.text.tokenizer import Tokenizer
+
+    config = make_test_model(tmp_path / "plain.tinyloop", "tiny-looped", seed=0, max_seq_len=2048)
+    tokenizer_json = ModelFile(tmp_path / "plain.tinyloop").tokenizer_json
+    path = write_model_file(tmp_path / "think.tinyloop", config, random_weights(config, 0), tokenizer_json,
+                            chat_template='{"name": "plain", "thinking": true}')
+    app = ready_app(path)
+    less_than, = Tokenizer(tokenizer_json).encode("<")
+    body = {"model": "tl", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
+            "logit_bias": {str(less_than): 100}, "response_format": {"type": "json_object"}}
+    message = post(app, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert message["content"] == "" and message["reasoning_content"].startswith("<")
+    events = post(app, "/v1/chat/completions", {**body, "stream": True}).events()
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert not any(d.get("content") for d in deltas)
+    no_end = {str(eos): -100 for eos in config.eos_token_ids}
+    default = post(app, "/v1/chat/completions", {"model": "tl", "messages": [{"role": "user", "content": "hi"}],
+                                                 "logit_bias": no_end})
+    assert default.json()["usage"]["completion_tokens"] == 128 + 1024       # a thinking model's default budget

@@ -242,7 +242,8 @@ BAD_BODIES = [
      "messages[1].tool_call_id", "does not match"),
     (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
         "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "content": "1", "tool_call_id": "c1"}, {"role": "tool", "content": "2", "tool_call_id": "c1"}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"}]},
      400, "messages[2].tool_call_id", "still unanswered"),
     (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
         "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400,
@@ -265,6 +266,8 @@ BAD_BODIES = [
      "at most 16"),
     (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "yaml"}}, 400, "response_format.type",
      "json_schema"),
+    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "json_object"}}, 400, "response_format",
+     "no end-of-sequence token"),                                    # this test model has none
     ("/v1/completions", {"model": "tl", "prompt": "x", "logprobs": 6}, 400, "logprobs", "[0, 5]"),
     (CHAT, {"model": "tl", "messages": HELLO, "loops": 9}, 400, "loops", "[1, 8] for this model"),
     (CHAT, {"model": "tl", "messages": HELLO, "loops": 65}, 400, "loops", "[1, 64]"),
