@@ -135,3 +135,28 @@ def test_a_thinking_template_routes_reasoning_buffered_and_streamed(tmp_path):
     default = post(app, "/v1/chat/completions", {"model": "tl", "messages": [{"role": "user", "content": "hi"}],
                                                  "logit_bias": no_end})
     assert default.json()["usage"]["completion_tokens"] == 128 + 1024       # a thinking model's default budget
+
+
+def test_history_calls_are_identified_by_id_and_order_not_index(tmp_path):
+    """Repeated `index` values (gateway histories) are accepted; each tool message answers
+    the call with its id; the prompt holds both calls in order (the text written out here)."""
+    from test_server_asgi import post, ready_app
+
+    from tinyloop.model.modelfile import ModelFile
+    from tinyloop.model.testmodels import make_test_model
+    from tinyloop.text.tokenizer import Tokenizer
+
+    config = make_test_model(tmp_path / "m.tinyloop", "tiny-looped", seed=0, max_seq_len=2048)
+    app = ready_app(tmp_path / "m.tinyloop")
+    calls = [{"id": f"c{i}", "index": 0, "type": "function",
+              "function": {"name": "add", "arguments": json.dumps({"a": i})}} for i in (1, 2)]
+    history = [{"role": "user", "content": "add twice"}, {"role": "assistant", "content": None, "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "c2", "content": "2"},
+               {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    response = post(app, "/api/v0/chat/completions", {"model": "tl", "messages": history, "max_tokens": 2})
+    assert response.status == 200, response.body
+    expected = ('User: add twice\nAssistant: <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
+                '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>\nTool: 2\nTool: 1\nAssistant:')
+    ids = Tokenizer(ModelFile(tmp_path / "m.tinyloop").tokenizer_json).encode(expected)
+    bos = 0 if config.bos_token_id is None else 1
+    assert response.json()["usage"]["prompt_tokens"] == len(ids) + bos
