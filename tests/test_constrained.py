@@ -213,3 +213,14 @@ def test_logprobs_follow_temperature_bias_and_grammar_not_truncation():
     assert entry.logprob == pytest.approx(expected[0], abs=1e-12)
     assert [t for t, _ in entry.top] == [0, 4, 1]
     assert [lp for _, lp in entry.top] == pytest.approx([expected[0], expected[4], expected[1]], abs=1e-12)
+
+
+def test_a_grammar_in_its_error_state_ends_the_request_not_the_engine(loaded):
+    """A token the matcher refuses (forced here by hand) puts llguidance in its error state:
+    a RequestError (a 4xx for the client), never an exception that fails the engine."""
+    constraint = schema_grammar(loaded, {"type": "object"}).start()
+    refused = loaded.tokenizer.encode("x")[0]          # an object cannot start with "x"
+    with pytest.raises(RequestError, match="constrained decoding stopped"):
+        constraint.advance(refused)
+    with pytest.raises(RequestError, match="constrained decoding stopped"):
+        constraint.allowed()

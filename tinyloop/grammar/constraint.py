@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from tinyloop.errors import RequestError
+
 
 class GrammarConstraint:
     def __init__(self, matcher, vocab_size: int, eos_ids):
@@ -33,6 +35,7 @@ class GrammarConstraint:
             allowed[self.eos_ids] = True
             return allowed
         self.matcher.unsafe_compute_mask_ptr(self.bitmask.ctypes.data, self.bitmask.nbytes)
+        self._check()
         bits = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")      # (32 * ceil(V/32),)
         return bits[:self.vocab_size].astype(bool)
 
@@ -41,9 +44,15 @@ class GrammarConstraint:
         scores[~self.allowed()] = -np.inf
 
     def advance(self, token: int) -> None:
-        """An accepted token. The sampler never draws a refused one, so a refusal is a bug."""
-        if not self.matcher.consume_token(int(token)):
-            raise RuntimeError(f"the grammar refused accepted token {token}: {self.matcher.get_error()}")
+        """An accepted token. The sampler never draws a refused one."""
+        self.matcher.consume_token(int(token))
+        self._check()
+
+    def _check(self) -> None:
+        """A matcher in its error state (a resource limit hit mid-reply, say) ends this
+        request with a clear error; it is no reason to fail the engine."""
+        if self.matcher.is_error():
+            raise RequestError(f"constrained decoding stopped: {self.matcher.get_error()}", "response_format")
 
     @contextmanager
     def assuming(self, tokens: list[int]):
@@ -52,8 +61,9 @@ class GrammarConstraint:
             yield
             return
         valid = self.matcher.validate_tokens([int(t) for t in tokens])
-        if valid and not self.matcher.consume_tokens([int(t) for t in tokens[:valid]]):
-            raise RuntimeError(f"the grammar refused validated tokens: {self.matcher.get_error()}")
+        if valid:
+            self.matcher.consume_tokens([int(t) for t in tokens[:valid]])
+            self._check()
         self.refused = valid < len(tokens)
         try:
             yield
