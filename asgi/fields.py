@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from tinyloop.limits import MAX_BRANCHES, MAX_DRAFT_AHEAD
 
-from .schema import Field
+from .agent_fields import CHAT_ONLY, COMMON, COMPLETION_ONLY
+from .chat_messages import chat_messages
+from .schema import CUSTOM_KINDS, Field
+
+CUSTOM_KINDS["chat_messages"] = chat_messages
 
 SEED_LOW, SEED_HIGH = -(2 ** 63), 2 ** 64 - 1
 
@@ -14,13 +18,6 @@ def _default_or_none(*defaults):
 
 # OpenAI fields this server does not implement: accepted only absent, null or at their default.
 OPENAI_UNSUPPORTED = {
-    "logit_bias": _default_or_none({}),
-    "logprobs": _default_or_none(False),
-    "top_logprobs": _default_or_none(0),
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _default_or_none([]),
-    "tool_choice": _default_or_none("none", "auto"),
-    "parallel_tool_calls": lambda v: v is None or isinstance(v, bool),
     "functions": _default_or_none([]),
     "function_call": _default_or_none("none", "auto"),
     "service_tier": _default_or_none("auto", "default"),
@@ -36,8 +33,6 @@ OPENAI_UNSUPPORTED = {
     "safety_identifier": lambda v: v is None or isinstance(v, str),
 }
 COMPLETIONS_UNSUPPORTED = {
-    "logit_bias": _default_or_none({}),
-    "logprobs": _default_or_none(0),
     "echo": _default_or_none(False),
     "suffix": _default_or_none(""),
     "best_of": _default_or_none(1),
@@ -78,9 +73,12 @@ LMSTUDIO_EXTRAS = {
 }
 ELSEWHERE = {name: "it is a TinyLoop extension accepted on /api/v0/*" for name in LMSTUDIO_EXTRAS}
 
-CHAT = {"messages": Field("messages", required=True, doc="Array of {role, content}"), **SAMPLING_V1}
+CHAT = {"messages": Field("chat_messages", required=True, doc="Array of {role, content}; assistant tool_calls, "
+                                                           "tool messages with tool_call_id"),
+        **SAMPLING_V1, **COMMON, **CHAT_ONLY}
 COMPLETION = {"prompt": Field("completion_prompt", required=True, doc="String (or one-element array, or "
-                                                                      "token ids)"), **SAMPLING_V1}
+                                                                      "token ids)"),
+              **SAMPLING_V1, **COMMON, **COMPLETION_ONLY}
 
 NATIVE = {
     "prompt": Field("native_prompt", required=True, doc="Text or token ids"),

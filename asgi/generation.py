@@ -80,6 +80,7 @@ class Generation:
         self.started = http_request.started
         self.first_token_at: float | None = None
         self.outcome: Outcome | None = None
+        self.logprobs: list = []          # TokenLogprobs per generated token, when the request asks for them
         self.submission = None
         self.failed = False
         self.settled = False
@@ -136,6 +137,8 @@ class Generation:
                         if self.first_token_at is None:
                             self.first_token_at = time.perf_counter()
                         batch.append(payload)
+                    elif kind == "logprobs":
+                        self.logprobs.append(payload)
                     elif kind == "done":
                         if payload.finish_reason == FINISH_SHUTDOWN:
                             self.failed = True

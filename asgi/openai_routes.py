@@ -17,7 +17,16 @@ from .fields import (
 from .generation import Generation, Outcome
 from .http import EventStream, send_json
 from .prepare import prepare_openai, prompt_ids_of
+from .reply import Reply
 from .schema import validate
+from .structured import (
+    active_tools,
+    chat_logprobs,
+    check_logit_bias,
+    completion_logprobs,
+    grammar_of,
+    top_logprobs_of,
+)
 
 
 async def list_models(request, extended: bool = False):
@@ -62,15 +71,15 @@ def extras(request, outcome: Outcome) -> dict:
             "runtime": request.state.runtime()}
 
 
-def _chat_prompt(request, values):
+def _chat_prompt(request, values, tools):
     state = request.state
-    prompt_ids = state.loaded.with_bos(state.template.render(values["messages"], state.loaded.tokenizer))
+    prompt_ids = state.loaded.with_bos(state.template.render(values["messages"], state.loaded.tokenizer, tools))
     stop_strings = list(values["stop"] or []) + list(state.template.stop_strings)
     stop_ids = state.template.end_of_turn_ids(state.loaded.tokenizer)
     return prompt_ids, stop_strings, stop_ids
 
 
-def _completion_prompt(request, values):
+def _completion_prompt(request, values, tools):
     return prompt_ids_of(request.state, values["prompt"]), list(values["stop"] or []), ()
 
 
@@ -88,8 +97,13 @@ async def _complete(request, extended: bool, chat: bool):
         fields.update(LMSTUDIO_EXTRAS)
     unsupported = OPENAI_UNSUPPORTED if chat else {**OPENAI_UNSUPPORTED, **COMPLETIONS_UNSUPPORTED}
     values = validate(await request.json(), fields, unsupported, None if extended else ELSEWHERE)
-    prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values)
-    engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended)
+    tools, choice = active_tools(values) if chat else ([], "none")
+    prompt_ids, stop_strings, stop_ids = (_chat_prompt if chat else _completion_prompt)(request, values, tools)
+    grammar = grammar_of(request.state, values, tools, choice, chat)
+    engine_request = prepare_openai(request.state, values, prompt_ids, stop_strings, stop_ids, extended,
+                                    grammar, top_logprobs_of(values, chat),
+                                    check_logit_bias(request.state, values.get("logit_bias")),
+                                    thinking=chat and request.state.template.thinking is not None)
     generation = Generation(request, engine_request)
     generation.submit()
     ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -97,15 +111,22 @@ async def _complete(request, extended: bool, chat: bool):
     model = values["model"]
     if values["stream"]:
         await _stream(request, generation, ident, created, model, chat, extended,
-                      bool((values["stream_options"] or {}).get("include_usage")))
+                      bool((values["stream_options"] or {}).get("include_usage")), tools)
         return
     _, text = await generation.text()
     outcome = generation.outcome
+    tokenizer = request.state.loaded.tokenizer
+    wants_logprobs = engine_request.top_logprobs is not None
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": outcome.finish_reason}
+        reply = Reply(request.state.template.thinking, tools)
+        reply.feed(text)
+        _, calls = reply.finish()
+        choice = {"index": 0, "message": reply.message(calls),
+                  "finish_reason": "tool_calls" if calls and outcome.finish_reason == "stop" else outcome.finish_reason,
+                  "logprobs": chat_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason}
+        choice = {"index": 0, "text": text, "finish_reason": outcome.finish_reason,
+                  "logprobs": completion_logprobs(tokenizer, generation.logprobs) if wants_logprobs else None}
     body = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": model, "choices": [choice], "usage": usage(outcome)}
     if extended:
@@ -113,25 +134,54 @@ async def _complete(request, extended: bool, chat: bool):
     await send_json(request.send, 200, body)
 
 
-async def _stream(request, generation, ident, created, model, chat, extended, include_usage):
+async def _stream(request, generation, ident, created, model, chat, extended, include_usage, tools):
+    """Deltas as they come (reasoning_content, then content). With tools, everything from
+    the first call's opening line is held back: at the end every call is validated, then
+    each goes out whole in its own delta.tool_calls chunk (index, id, name, complete
+    arguments), then finish_reason tool_calls. Logprobs ride on the chunk that publishes
+    their token's text (held-back tokens: on the next chunk that goes out)."""
     stream = EventStream(request.send)
     request.stream = stream
     kind = "chat.completion.chunk" if chat else "text_completion"
+    tokenizer = request.state.loaded.tokenizer
+    wants_logprobs = generation.request.top_logprobs is not None
+    shape_logprobs = chat_logprobs if chat else completion_logprobs
+    reply = Reply(request.state.template.thinking, tools) if chat else None
+    seen = reported = 0                     # tokens seen / tokens whose logprobs went out
 
     def chunk(delta_or_text, finish=None):
+        nonlocal reported
         if chat:
             choice = {"index": 0, "delta": delta_or_text, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta_or_text, "finish_reason": finish}
+        if wants_logprobs:
+            pending = generation.logprobs[reported:seen]
+            choice["logprobs"] = shape_logprobs(tokenizer, pending) if pending else None
+            reported = seen
         return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
 
     await stream.start()
     if chat:
         await stream.event(chunk({"role": "assistant"}))
     async for batch in generation.batches():
-        await stream.events([chunk({"content": text} if chat else text) for _, text in batch if text])
+        events = []
+        for token_id, text in batch:
+            seen += token_id is not None
+            if not text:
+                continue
+            events += [chunk(delta) for delta in reply.feed(text)] if chat else [chunk(text)]
+        await stream.events(events)
     outcome = generation.outcome
-    final = chunk({} if chat else "", outcome.finish_reason)
+    finish = outcome.finish_reason
+    if chat:
+        deltas, calls = reply.finish()
+        events = [chunk(delta) for delta in deltas]
+        if calls:
+            events += [chunk({"tool_calls": [{"index": index, **call}]}) for index, call in enumerate(calls)]
+            finish = "tool_calls" if finish == "stop" else finish         # "length": the last call was cut
+        await stream.events(events)
+    final = chunk({} if chat else "", finish)
     if extended:
         final.update(extras(request, outcome))
     await stream.event(final)

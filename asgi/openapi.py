@@ -5,6 +5,7 @@ from functools import lru_cache
 
 from tinyloop import __version__
 
+from .agent_fields import OPENAPI_KINDS
 from .fields import (
     CHAT,
     COMPLETION,
@@ -43,6 +44,7 @@ KIND_SCHEMAS = {
                        "additionalProperties": False},
     "loops": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},
 }
+KIND_SCHEMAS.update(OPENAPI_KINDS)
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
     "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string"},

@@ -9,13 +9,15 @@ from tinyloop.errors import RequestError
 from .errors import bad_request
 
 DEFAULT_MAX_TOKENS = 128
+# A thinking model's default budget: the answer's 128 tokens plus room to think first.
+THINKING_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS + 1024
 
 
 def _seed(value):
     return None if value is None else value % (2 ** 64)
 
 
-def fit_max_tokens(state, n_prompt: int, requested: int | None) -> int:
+def fit_max_tokens(state, n_prompt: int, requested: int | None, default: int = DEFAULT_MAX_TOKENS) -> int:
     """The context rule: an explicit max_tokens must fit; an omitted one is lowered."""
     context = state.loaded.config.max_seq_len
     room = context - n_prompt
@@ -23,7 +25,7 @@ def fit_max_tokens(state, n_prompt: int, requested: int | None) -> int:
         raise bad_request(f"the prompt has {n_prompt} tokens; the model's context is {context} tokens, "
                           "which leaves no room to generate", "messages", "context_length_exceeded")
     if requested is None:
-        return min(DEFAULT_MAX_TOKENS, room)
+        return min(default, room)
     if requested > room:
         raise bad_request(f"prompt ({n_prompt} tokens) + max_tokens ({requested}) = {n_prompt + requested} "
                           f"exceeds the model's context of {context} tokens; at most {room} tokens can be "
@@ -56,7 +58,9 @@ def _loops(state, values):
     return loops
 
 
-def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool) -> GenerationRequest:
+def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: bool, grammar=None,
+                   top_logprobs: int | None = None, logit_bias: tuple = (), thinking: bool = False
+                   ) -> GenerationRequest:
     if values.get("max_tokens") is not None and values.get("max_completion_tokens") is not None \
             and values["max_tokens"] != values["max_completion_tokens"]:
         raise bad_request("max_tokens and max_completion_tokens disagree; send one of them",
@@ -67,11 +71,13 @@ def prepare_openai(state, values, prompt_ids, stop_strings, stop_ids, extended: 
         temperature=float(values["temperature"]), top_k=values["top_k"], top_p=float(values["top_p"]),
         repetition_penalty=float(values.get("repetition_penalty", 1.0)),
         presence_penalty=float(values["presence_penalty"]), frequency_penalty=float(values["frequency_penalty"]),
-        seed=_seed(values["seed"])))
+        seed=_seed(values["seed"]), min_p=float(values.get("min_p") or 0.0), logit_bias=logit_bias))
     speculative = _speculative(state, values, mode)
-    return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested), _loops(state, values),
-                             sampling, tuple(stop_ids), tuple(stop_strings), cache_window=values.get("cache_window") or 0,
-                             mode=mode, speculative=speculative, exit_threshold=values.get("exit_threshold"))
+    default = THINKING_DEFAULT_MAX_TOKENS if thinking else DEFAULT_MAX_TOKENS
+    return GenerationRequest(prompt_ids, fit_max_tokens(state, len(prompt_ids), requested, default),
+                             _loops(state, values), sampling, tuple(stop_ids), tuple(stop_strings),
+                             cache_window=values.get("cache_window") or 0, mode=mode, speculative=speculative,
+                             exit_threshold=values.get("exit_threshold"), grammar=grammar, top_logprobs=top_logprobs)
 
 
 def prompt_ids_of(state, prompt) -> list:

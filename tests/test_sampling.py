@@ -80,7 +80,7 @@ def test_sampling_follows_the_distribution():
 def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
     sampler = Sampler(SamplingParams(repetition_penalty=2.0), 4, prompt_ids=[0, 1])
     sampler.observe(2)
-    out = sampler.penalized(np.array([4.0, -4.0, 1.0, 3.0]))
+    out = sampler.shaped(np.array([4.0, -4.0, 1.0, 3.0]))
     assert out.tolist() == [2.0, -8.0, 0.5, 3.0]
 
 
@@ -88,7 +88,7 @@ def test_presence_and_frequency_penalties_follow_openai():
     sampler = Sampler(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), 3, prompt_ids=[2])
     for token in (0, 0, 1):
         sampler.observe(token)
-    out = sampler.penalized(np.zeros(3))
+    out = sampler.shaped(np.zeros(3))
     assert out.tolist() == [-(0.5 + 2 * 0.25), -(0.5 + 0.25), 0.0]
 
 

@@ -201,6 +201,10 @@ def test_context_rules(app):
 
 
 # ----------------------------------------------------------------------------- bad input
+def TOOL(name, parameters=None):
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
 BAD_BODIES = [
     # (path, body, status, param, message fragment)
     (CHAT, {"model": "tl"}, 422, "messages", "'messages' is required"),
@@ -208,7 +212,9 @@ BAD_BODIES = [
     (CHAT, {"model": "tl", "messages": "hi"}, 422, "messages", "must be an array of messages"),
     (CHAT, {"model": "tl", "messages": [{"role": "user"}]}, 422, "messages[0].content", "is required"),
     (CHAT, {"model": "tl", "messages": [{"role": 5, "content": "x"}]}, 422, "messages[0].role", "string"),
-    (CHAT, {"model": "tl", "messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role", "one of"),
+    (CHAT, {"model": "tl", "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "one of"),
+    (CHAT, {"model": "tl", "messages": [{"role": "tool", "content": "x"}]}, 422, "messages[0].tool_call_id",
+     "earlier assistant tool call"),
     (CHAT, {"model": "tl", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content[0]", "only text parts"),
     (CHAT, {"model": "tl", "messages": []}, 400, "messages", "at least one message"),
@@ -224,10 +230,45 @@ BAD_BODIES = [
     (CHAT, {"model": "tl", "messages": HELLO, "stop": [""]}, 400, "stop", "1 to 512 characters"),
     (CHAT, {"model": "tl", "messages": HELLO, "stop": ["a"] * 17}, 400, "stop", "at most 16"),
     (CHAT, {"model": "tl", "messages": HELLO, "colour": "red"}, 400, "colour", "unknown field 'colour'"),
-    (CHAT, {"model": "tl", "messages": HELLO, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
-    (CHAT, {"model": "tl", "messages": HELLO, "logprobs": True}, 400, "logprobs", "not supported"),
-    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "json_object"}}, 400,
-     "response_format", "not supported"),
+    (CHAT, {"model": "tl", "messages": HELLO, "tools": [{"type": "function"}]}, 422, "tools[0]", "must be an object"),
+    (CHAT, {"model": "tl", "messages": HELLO, "tools": [TOOL("f", {"type": "object", "colour": 1})]}, 400,
+     "tools[0].function.parameters", "unsupported JSON schema keyword 'colour'"),
+    (CHAT, {"model": "tl", "messages": HELLO, "tools": [TOOL("f"), TOOL("f")]}, 400, "tools[1].function.name",
+     "declared twice"),
+    (CHAT, {"model": "tl", "messages": HELLO, "tools": [TOOL("f")], "tool_choice": {
+        "type": "function", "function": {"name": "g"}}}, 400, "tool_choice", "does not declare"),
+    (CHAT, {"model": "tl", "messages": HELLO, "tool_choice": "required"}, 400, "tool_choice", "needs 'tools'"),
+    (CHAT, {"model": "tl", "messages": HELLO + [{"role": "tool", "content": "4", "tool_call_id": "nope"}]}, 400,
+     "messages[1].tool_call_id", "does not match"),
+    (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "tool", "content": "2", "tool_call_id": "c1"}]},
+     400, "messages[2].tool_call_id", "still unanswered"),
+    (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400,
+     "messages[0].tool_calls[0].function.arguments", "not valid JSON"),
+    (CHAT, {"model": "tl", "messages": [{"role": "assistant", "content": "x", "reasoning_content": "a",
+                                         "thinking_blocks": [{"type": "thinking", "thinking": "a",
+                                                              "signature": "opaque"}]}]}, 400,
+     "messages[0].thinking_blocks[0]", "opaque thinking data is refused"),
+    (CHAT, {"model": "tl", "messages": HELLO, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs", "[0, 20]"),
+    (CHAT, {"model": "tl", "messages": HELLO, "top_logprobs": 2}, 400, "top_logprobs", "needs 'logprobs'"),
+    (CHAT, {"model": "tl", "messages": HELLO, "logit_bias": {"99999": 5}}, 400, "logit_bias", "outside the vocab"),
+    (CHAT, {"model": "tl", "messages": HELLO, "logit_bias": {"1": 101}}, 400, "logit_bias", "[-100, 100]"),
+    (CHAT, {"model": "tl", "messages": HELLO, "min_p": 1.5}, 400, "min_p", "[0, 1]"),
+    (CHAT, {"model": "tl", "messages": HELLO, "keep_alive": [1]}, 422, "keep_alive", "duration"),
+    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "not": {"required": ["a"]}}}}}, 400, "response_format",
+     "unsupported JSON schema keyword 'not'"),
+    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"anyOf": [{"type": "integer"}] * 17}}}}, 400, "response_format",
+     "at most 16"),
+    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "yaml"}}, 400, "response_format.type",
+     "json_schema"),
+    (CHAT, {"model": "tl", "messages": HELLO, "response_format": {"type": "json_object"}}, 400, "response_format",
+     "no end-of-sequence token"),                                    # this test model has none
+    ("/v1/completions", {"model": "tl", "prompt": "x", "logprobs": 6}, 400, "logprobs", "[0, 5]"),
     (CHAT, {"model": "tl", "messages": HELLO, "loops": 9}, 400, "loops", "[1, 8] for this model"),
     (CHAT, {"model": "tl", "messages": HELLO, "loops": 65}, 400, "loops", "[1, 64]"),
     (CHAT, {"model": "tl", "messages": HELLO, "mode": "speculative"}, 400, "mode", "/api/v0"),

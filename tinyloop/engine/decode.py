@@ -1,7 +1,7 @@
 """The prompt's prefill (shared by every mode) and plain decoding, one token per step."""
 from __future__ import annotations
 
-from tinyloop.engine.sampling import next_tokens
+from tinyloop.engine.sampling import next_tokens_with_logprobs
 
 
 def prefill(model, prompt: list, cache, loops: int, draft_loops: int | None = None, draft_coda: int | None = None):
@@ -42,10 +42,10 @@ class PlainDecoder:
 
     def prefill(self) -> None:
         logits = prefill(self.model, self.prompt, self.cache, self.loops)
-        self.sink.push(next_tokens(self.sampler, self.model.backend, logits)[0])
+        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])
 
     def step(self) -> None:
         position = self.cache.length
         logits = self.model.decode(self.sink.tokens[-1], position, self.cache, self.loops)
         self.cache.length = position + 1
-        self.sink.push(next_tokens(self.sampler, self.model.backend, logits)[0])
+        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])

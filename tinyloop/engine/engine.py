@@ -46,7 +46,8 @@ class ShuttingDown(EngineFailed):
 class Submission:
     """A request handed to the engine, and how to reach its submitter."""
     request: GenerationRequest
-    # Called on the engine thread: ("token", (id, text)), then ("done", GenerationResult) or
+    # Called on the engine thread: ("token", (id, text)) (after ("logprobs", TokenLogprobs) when
+    # the request asks for logprobs), then ("done", GenerationResult) or
     # ("error", exception). The caller moves them to its own thread or event loop.
     on_event: object = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -159,7 +160,8 @@ class Engine:
             if submission.sequence is None:
                 submission.sequence = Sequence(
                     self.loaded.model, submission.request, self.loaded.tokenizer, self.pool,
-                    on_token=lambda token, text: submission.emit("token", (token, text)))
+                    on_token=lambda token, text: submission.emit("token", (token, text)),
+                    on_logprobs=lambda logprobs: submission.emit("logprobs", logprobs))
             sequence = submission.sequence
             if self._stopping:
                 sequence.end(FINISH_SHUTDOWN)

@@ -51,14 +51,16 @@ class TextStream:
 
 class TokenSink:
     def __init__(self, max_tokens: int, stop_ids: frozenset, sampler, on_token, start: float,
-                 text: TextStream | None = None):
+                 text: TextStream | None = None, on_logprobs=None):
         self.max_tokens = max_tokens
         self.stop_ids = stop_ids
         self.sampler = sampler
         self.on_token = on_token          # on_token(token_id, text delta or None)
         self.start = start
         self.text = text
+        self.on_logprobs = on_logprobs    # on_logprobs(TokenLogprobs), before on_token of the same token
         self.tokens: list[int] = []       # emitted ids, without the stop token
+        self.logprobs: list = []          # TokenLogprobs per emitted id, when the request asks for them
         self.completion_tokens = 0        # every sampled id, the stop token included
         self.finish_reason: str | None = None
         self.stop_token_id: int | None = None
@@ -68,8 +70,8 @@ class TokenSink:
     def remaining(self) -> int:
         return self.max_tokens - len(self.tokens)
 
-    def push(self, token: int) -> bool:
-        """Take one sampled token; False once generation must end."""
+    def push(self, token: int, logprobs=None) -> bool:
+        """Take one sampled token (with its TokenLogprobs if asked for); False once generation must end."""
         if self.finish_reason is not None:
             return False
         self.completion_tokens += 1
@@ -80,6 +82,10 @@ class TokenSink:
             return False
         self.tokens.append(token)
         self.sampler.observe(token)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+            if self.on_logprobs is not None:
+                self.on_logprobs(logprobs)
         delta = self.text.push(token) if self.text is not None else None
         if self.on_token is not None:
             self.on_token(token, delta)

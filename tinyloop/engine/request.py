@@ -23,6 +23,8 @@ class GenerationRequest:
     mode: str = "generate"                    # generate | speculative | tree_speculative
     speculative: SpeculativeParams | None = None   # draft/verify settings of the speculative modes
     exit_threshold: float | None = None       # loops "auto": the exit criterion's threshold (None: the model's)
+    grammar: object | None = None             # tinyloop.grammar.compile.Grammar: output constrained to it
+    top_logprobs: int | None = None           # None: no logprobs; else alternatives per token (0..20)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class GenerationResult:
     loops_used: list | None = None      # loops "auto": the depth each generated token ran at
     text: str | None = None             # the released text (with a tokenizer): stop strings cut
     text_tail: str = ""                 # released only at the end (held back for stop strings)
+    logprobs: list | None = None        # TokenLogprobs per token of `tokens`, when asked for
 
     @property
     def tokens_per_second(self) -> float:

@@ -26,7 +26,8 @@ from tinyloop.errors import RequestError
 
 
 class Sequence:
-    def __init__(self, model, request: GenerationRequest, tokenizer=None, pool=None, on_token=None):
+    def __init__(self, model, request: GenerationRequest, tokenizer=None, pool=None, on_token=None,
+                 on_logprobs=None):
         """on_token(token_id, text delta or None) is called for each generated token (not
         a stop token). Stop strings and text need the tokenizer; pool: the engine's KV pool
         (None: the cache gets fresh memory)."""
@@ -36,9 +37,11 @@ class Sequence:
         if request.stop_strings and tokenizer is None:
             raise RequestError("stop strings need the model's tokenizer", "stop")
         prompt = list(request.prompt_ids)
-        self.sampler = Sampler(request.sampling, model.config.vocab_size, prompt)
+        constraint = request.grammar.start() if request.grammar is not None else None
+        self.sampler = Sampler(request.sampling, model.config.vocab_size, prompt, constraint, request.top_logprobs)
         text = TextStream(tokenizer, request.stop_strings) if tokenizer is not None else None
-        self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, self.start, text)
+        self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, self.start, text,
+                              on_logprobs)
         alloc = None
         if pool is not None:
             self.check_cache(model, request, self.loops, pool)
@@ -88,7 +91,8 @@ class Sequence:
             time_to_first_token_s=sink.first_token_s, stop_token_id=sink.stop_token_id, mode=self.request.mode,
             speculative=getattr(self.decoder, "stats", None),
             loops_used=getattr(self.decoder, "loops_used", None),
-            text=sink.text.text if sink.text is not None else None, text_tail=tail)
+            text=sink.text.text if sink.text is not None else None, text_tail=tail,
+            logprobs=sink.logprobs if self.request.top_logprobs is not None else None)
 
 
 def run(sequence: Sequence, cancel=None) -> GenerationResult:

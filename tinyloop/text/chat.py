@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 import orjson
 
 from tinyloop.errors import TinyLoopError
+from tinyloop.text import toolformat
 from tinyloop.text.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant")          # what a message may be from (asgi/schema.py checks)
+ROLES = ("system", "user", "assistant", "tool")  # what a message may be from (asgi/chat_messages.py checks)
 TEMPLATES = ("plain", "chatml", "huginn")
+THINK_TAGS = ("<think>", "</think>")
 
 
 @dataclass(frozen=True)
@@ -33,25 +35,34 @@ class ChatTemplate:
     name: str = "plain"
     default_system: str | None = None
     stop_strings: tuple = field(default=())
+    thinking: tuple | None = None              # (open tag, close tag) of a thinking section
 
     @classmethod
     def from_metadata(cls, text: str) -> "ChatTemplate":
         """Parse the model file's chat_template entry ("" means plain)."""
         text = (text or "plain").strip()
+        thinking = None
         if text.startswith("{"):
             spec = orjson.loads(text)
             name = spec.get("name", "plain")
             default_system = spec.get("default_system")
+            thinking = spec.get("thinking")
+            thinking = THINK_TAGS if thinking is True else (tuple(thinking) if thinking else None)
+            if thinking is not None and (len(thinking) != 2 or not all(isinstance(t, str) and t for t in thinking)):
+                raise TinyLoopError("chat template option 'thinking' must be true or [open tag, close tag]")
         else:
             name, default_system = text, None
         if name not in TEMPLATES:
             raise TinyLoopError(f"unknown chat template {name!r}; known: {', '.join(TEMPLATES)}")
-        return cls(name, default_system, ("\nUser:",) if name == "plain" else ())
+        return cls(name, default_system, ("\nUser:",) if name == "plain" else (), thinking)
 
     def to_metadata(self) -> str:
-        if self.default_system is None:
+        if self.default_system is None and self.thinking is None:
             return self.name
-        return orjson.dumps({"name": self.name, "default_system": self.default_system}).decode()
+        spec = {"name": self.name, "default_system": self.default_system}
+        if self.thinking is not None:
+            spec["thinking"] = list(self.thinking)
+        return orjson.dumps(spec).decode()
 
     def end_of_turn_ids(self, tokenizer: Tokenizer) -> tuple:
         if self.name == "chatml":
@@ -60,8 +71,11 @@ class ChatTemplate:
             return (_special_id(tokenizer, "<|end_turn|>"),)
         return ()
 
-    def render(self, messages: list[dict], tokenizer: Tokenizer) -> list[int]:
-        """Messages ({role, content}) -> prompt ids ending where the assistant speaks."""
+    def render(self, messages: list[dict], tokenizer: Tokenizer, tools: list | None = None) -> list[int]:
+        """Messages ({role, content, tool_calls?}) -> prompt ids ending where the assistant
+        speaks. tools: function declarations, written at the end of the system turn
+        (text/toolformat.py); they count against the context like any prompt text."""
+        messages = self._with_system(messages, tools)
         if self.name == "chatml":
             return self._render_chatml(messages, tokenizer)
         if self.name == "huginn":
@@ -73,31 +87,43 @@ class ChatTemplate:
         end_turn = _special_id(tokenizer, "<|end_turn|>")
         bos = tokenizer.token_to_id("<|begin_text|>")
         ids: list[int] = [] if bos is None else [bos]
-        if self.default_system and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": self.default_system}] + list(messages)
-        for message in messages:
+        for message in messages:             # the default system turn is already in (_with_system)
             role = "Huginn" if message["role"] == "assistant" else message["role"]
             ids += ([begin] + tokenizer.encode(role) + [end_header] + tokenizer.encode("\n\n")
-                    + tokenizer.encode(message["content"].strip()) + [end_turn])
+                    + tokenizer.encode(self._text(message).strip()) + [end_turn])
         return ids + [begin] + tokenizer.encode("Huginn") + [end_header] + tokenizer.encode("\n\n")
 
-    def _render_plain(self, messages, tokenizer):
-        parts = []
+    def _with_system(self, messages, tools):
+        messages = list(messages)
         if self.default_system and not any(m["role"] == "system" for m in messages):
-            parts.append(f"System: {self.default_system}\n")
-        for message in messages:
-            parts.append(f"{message['role'].capitalize()}: {message['content']}\n")
+            messages.insert(0, {"role": "system", "content": self.default_system})
+        if tools:
+            if messages[0]["role"] != "system":
+                messages.insert(0, {"role": "system", "content": ""})
+            declared = toolformat.declarations(tools)
+            messages[0] = {**messages[0], "content": messages[0]["content"] + declared}
+        return messages
+
+    def _text(self, message) -> str:
+        text = message["content"]
+        if self.thinking is not None and message.get("reasoning_content"):
+            open_tag, close_tag = self.thinking
+            text = f"{open_tag}\n{message['reasoning_content']}\n{close_tag}\n\n{text}"
+        if message.get("tool_calls"):
+            text = (text + "\n" if text else "") + toolformat.calls_text(message["tool_calls"])
+        return text
+
+    def _render_plain(self, messages, tokenizer):
+        parts = [f"{message['role'].capitalize()}: {self._text(message)}\n" for message in messages]
         parts.append("Assistant:")
         return tokenizer.encode("".join(parts))
 
     def _render_chatml(self, messages, tokenizer):
         start, end = _special_id(tokenizer, "<|im_start|>"), _special_id(tokenizer, "<|im_end|>")
         newline = tokenizer.encode("\n")
-        if self.default_system and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": self.default_system}] + list(messages)
         ids: list[int] = []
         for message in messages:
-            ids += [start] + tokenizer.encode(f"{message['role']}\n{message['content']}") + [end] + newline
+            ids += [start] + tokenizer.encode(f"{message['role']}\n{self._text(message)}") + [end] + newline
         return ids + [start] + tokenizer.encode("assistant\n")
 
 

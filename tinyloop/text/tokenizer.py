@@ -37,6 +37,7 @@ def byte_level_alphabet() -> dict[str, int]:
 
 class Tokenizer:
     def __init__(self, tokenizer_json: str, vocab_size: int | None = None):
+        self.tokenizer_json = tokenizer_json          # llguidance builds its token tables from it
         self._tok = _HFTokenizer.from_str(tokenizer_json)
         # Plain-text encoding: "<|im_end|>" typed by a user is characters, not a boundary.
         self._tok.encode_special_tokens = True

@@ -22,7 +22,7 @@ import numpy as np
 
 from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
 from tinyloop.engine.decode import prefill
-from tinyloop.engine.sampling import next_tokens
+from tinyloop.engine.sampling import next_tokens_with_logprobs
 from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled
 from tinyloop.engine.speculative.params import SpeculativeStats
 from tinyloop.engine.speculative.tree import DraftTree
@@ -60,8 +60,8 @@ class SpeculativeDecoder:
         coda's cache rows for the prompt (from the same pass's state at draft_loops)."""
         p = self.params
         logits = prefill(self.model, self.prompt, self.cache, p.verify_loops, p.draft_loops, self.draft_coda)
-        token = next_tokens(self.sampler, self.model.backend, logits)[0]
-        if self.sink.push(token):
+        token, logprobs = next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0]
+        if self.sink.push(token, logprobs):
             self.next_token = token
 
     # -- one round -------------------------------------------------------------------------
@@ -73,13 +73,13 @@ class SpeculativeDecoder:
         for _ in range(draft_depth):
             fed.append(self._draft_level(tree))
         logits = self._verify(tree, fed)              # (n_nodes, V) on the backend
-        accepted, next_token = self._accept(tree, logits)
+        accepted, next_token, logprobs = self._accept(tree, logits)
         self.stats.record(tree.depth, len(tree.nodes) - 1, len(accepted))
         self._commit(tree, accepted)
-        for node in accepted:
-            if not self.sink.push(tree.nodes[node].token):
+        for index, node in enumerate(accepted):
+            if not self.sink.push(tree.nodes[node].token, logprobs[index]):
                 return
-        if self.sink.push(next_token):
+        if self.sink.push(next_token, logprobs[-1]):
             self.next_token = next_token
 
     def _plan(self, tree: DraftTree, nodes: list[int]):
@@ -104,7 +104,7 @@ class SpeculativeDecoder:
         """Greedy tree: the K best (parent, token) by cumulative draft log-probability.
         Without penalties the backend finds each row's K best (only they reach the host)."""
         k = self.params.branches
-        if not self.sampler.params.has_penalties:
+        if not self.sampler.needs_host:
             ids, values, normalizers = self.model.backend.top_k(logits, k)
             rows = [(ids[r], values[r] - normalizers[r]) for r in range(len(frontier))]
         else:
@@ -112,7 +112,7 @@ class SpeculativeDecoder:
             rows = []
             for row, node in enumerate(frontier):
                 with self.sampler.assuming(tree.path_tokens(node)):
-                    scores = self.sampler.penalized(host[row])
+                    scores = self.sampler.shaped(host[row])
                 top = top_k_ids(scores, k)[:k]                                # best first, low id on ties
                 rows.append((top, scores[top] - log_normalizer(scores)))
         candidates = []
@@ -149,33 +149,40 @@ class SpeculativeDecoder:
         return model.verify(Trunk(hidden, injected, d), positions, write_row, tree_rows, self.cache, v,
                             self.verify_coda)
 
-    def _accept(self, tree: DraftTree, logits) -> tuple[list[int], int]:
-        """Walk from the root: accepted node indexes, and the verifier's next token."""
+    def _accept(self, tree: DraftTree, logits) -> tuple[list[int], int, list]:
+        """Walk from the root: accepted node indexes, the verifier's next token, and the
+        logprobs of each emitted token (None entries unless the request asked for them)."""
         sampler = self.sampler
-        fast_greedy = sampler.params.greedy and not sampler.params.has_penalties
+        fast_greedy = sampler.params.greedy and not sampler.needs_host
         targets = self.model.backend.argmax(logits) if fast_greedy else None     # (n_nodes,) ids only
         host = None if fast_greedy else self.model.backend.to_host(logits)
+        report = sampler.top_logprobs is not None
         accepted: list[int] = []
+        logprobs: list = []
         node = 0
         while True:
             children = tree.nodes[node].children
             child_tokens = tree.tokens(children)
             with sampler.assuming(tree.path_tokens(node)):
+                scores = None if fast_greedy else sampler.shaped(host[node])      # (V,) float64
+                kept = scores.copy() if report else None
                 if fast_greedy:
                     target = int(targets[node])
                     choice = accept_greedy(target, child_tokens)
                 elif sampler.params.greedy:
-                    target = sampler.greedy_token(host[node])
+                    target = int(np.argmax(scores))
                     choice = accept_greedy(target, child_tokens)
                 else:
-                    target_probs = sampler.probabilities(host[node])
+                    target_probs = sampler.distribution(scores)
                     choice, residual = accept_sampled(target_probs, tree.draft_probs.get(node),
                                                       child_tokens, sampler.rng)
             if choice is None:
                 next_token = target if sampler.params.greedy else sampler.draw(residual)
-                return accepted, next_token
+                logprobs.append(sampler.logprobs_of(kept, next_token) if report else None)
+                return accepted, next_token, logprobs
             node = children[choice]
             accepted.append(node)
+            logprobs.append(sampler.logprobs_of(kept, child_tokens[choice]) if report else None)
 
     def _commit(self, tree: DraftTree, accepted: list[int]) -> None:
         """Move accepted nodes' rows to their positions (one gather/scatter); the root is
