@@ -224,3 +224,18 @@ def test_a_grammar_in_its_error_state_ends_the_request_not_the_engine(loaded):
         constraint.advance(refused)
     with pytest.raises(RequestError, match="constrained decoding stopped"):
         constraint.allowed()
+
+
+def test_adaptive_depth_keeps_the_grammar_and_the_logprobs(loaded):
+    """loops "auto" (engine/adaptive.py) samples through the same path as plain decoding: a
+    constrained answer stays valid JSON for its schema, and every token has its logprobs."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"enum": ["x", "y"]}},
+              "required": ["n", "s"]}
+    out = generate(model, GenerationRequest(tokenizer.encode("answer"), 80, loops="auto", exit_threshold=0.5,
+                                            grammar=schema_grammar(loaded, schema), top_logprobs=3),
+                   tokenizer=tokenizer)
+    assert out.finish_reason == "stop" and out.loops_used
+    jsonschema.validate(orjson.loads(out.text), schema)
+    assert out.logprobs is not None and [e.token for e in out.logprobs] == out.tokens[:len(out.logprobs)]
+    assert len(out.logprobs) >= len(out.tokens)

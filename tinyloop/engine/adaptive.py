@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.engine.decode import prefill
-from tinyloop.engine.sampling import next_tokens
+from tinyloop.engine.sampling import next_tokens_with_logprobs
 
 KL_DEFAULT = 1e-3
 
@@ -48,14 +48,14 @@ class AdaptiveDecoder:
     def prefill(self) -> None:
         logits = prefill(self.model, self.prompt, self.cache, self.depth)
         self.loops_used.append(self.depth)
-        self.sink.push(next_tokens(self.sampler, self.model.backend, logits)[0])
+        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])
 
     def step(self) -> None:
         position = self.cache.length
         logits, used = self.decode(self.sink.tokens[-1], position)
         self.cache.length = position + 1
         self.loops_used.append(used)
-        self.sink.push(next_tokens(self.sampler, self.model.backend, logits)[0])
+        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])
 
     def decode(self, token: int, position: int):
         """One token, iterating until the criterion exits -> (logits (1, V), iterations run)."""
