@@ -224,6 +224,13 @@ def test_shipped_chat_templates_are_recognised():
     assert chat_template_from_hf(None).name == "plain"
     system = "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM<|im_end|>\\n' }}<|im_start|>"
     assert chat_template_from_hf(system).default_system == "You are a helpful AI assistant named SmolLM"
+    assert chat_template_from_hf(system).thinking is None
+    # a thinking checkpoint's template (Ouro-Thinking: ChatML writing <think>...</think>): the
+    # reply's thinking section goes to reasoning_content, and the option survives the model file
+    from tinyloop.text.chat import ChatTemplate
+    thinking = chat_template_from_hf("<|im_start|>assistant\n<think>\n{{ r }}\n</think>\n{{ c }}<|im_end|>")
+    assert thinking.name == "chatml" and thinking.thinking == ("<think>", "</think>")
+    assert ChatTemplate.from_metadata(thinking.to_metadata()).thinking == ("<think>", "</think>")
 
 
 def test_huginn_turns_render_with_message_text_kept_as_text(converted):

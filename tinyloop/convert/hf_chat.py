@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tinyloop.text.chat import ChatTemplate
+from tinyloop.text.chat import THINK_TAGS, ChatTemplate
 
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system\\?n(.*?)<\|im_end\|>", re.S)
 
@@ -20,5 +20,8 @@ def chat_template_from_hf(template) -> ChatTemplate:
     if "<|im_start|>" in template:
         match = _DEFAULT_SYSTEM.search(template)
         default = match.group(1).replace("\\n", "\n") if match and "{" not in match.group(1) else None
-        return ChatTemplate("chatml", default)
+        # a template that writes <think>...</think> (Ouro-Thinking) has a thinking section:
+        # the reply's thinking goes to reasoning_content (README "Agents")
+        thinking = THINK_TAGS if all(tag in template for tag in THINK_TAGS) else None
+        return ChatTemplate("chatml", default, thinking=thinking)
     return ChatTemplate("plain")
