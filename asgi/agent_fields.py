@@ -144,15 +144,15 @@ OPENAPI_KINDS = {
         "type": {"const": "function"}, "function": {"type": "object", "required": ["name"], "properties": {
             "name": {"type": "string"}, "description": {"type": "string"}, "parameters": _SCHEMA_OBJECT,
             "strict": {"type": "boolean"}}}}}},
-    "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
+    "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]},
     "response_format": {"type": "object", "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
                                                          "json_schema": {"type": "object"}}},
     "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-    "keep_alive": {"oneOf": [{"type": "number"}, {"type": "string"}]},
+    "keep_alive": {"anyOf": [{"type": "number"}, {"type": "string"}]},
     "completion_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS},
     "chat_messages": {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
                               {"type": "null"}]},
         "name": {"type": "string"}, "tool_calls": {"type": "array", "items": {"type": "object"}},
         "tool_call_id": {"type": "string"}, "reasoning_content": {"type": "string"},

@@ -76,6 +76,8 @@ def _schema(fields: dict) -> dict:
 def _nullable(prop: dict) -> dict:
     if "anyOf" in prop:
         return {**prop, "anyOf": [*prop["anyOf"], {"type": "null"}]}
+    if "type" not in prop:                    # a oneOf, a const, an enum of mixed types
+        return {"anyOf": [prop, {"type": "null"}]}
     out = {**prop, "type": [prop["type"], "null"]}
     if "enum" in out:
         out["enum"] = [*out["enum"], None]
