@@ -118,12 +118,15 @@ def test_fault_specs_parse_strictly():
     ("truncate", "truncated"),
     ("header", "header is not valid JSON"),
     ("empty", "too short"),
+    ("bitflip", "does not match the file's checksum"),
 ])
 def test_a_damaged_model_file_keeps_the_server_up_with_the_reason(model_path, tmp_path, damage, reason):
     data = model_path.read_bytes()
     broken = tmp_path / "broken.tinyloop"
     if damage == "truncate":
         broken.write_bytes(data[: len(data) * 2 // 3])          # the tensors' tail is gone
+    elif damage == "bitflip":                                   # one bit of the last tensor byte
+        broken.write_bytes(data[:-1] + bytes([data[-1] ^ 0x10]))
     elif damage == "header":
         broken.write_bytes(data[:8] + b"\x00\xff" + data[10:])  # two bytes of the JSON header overwritten
     else:

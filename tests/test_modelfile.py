@@ -157,3 +157,23 @@ def test_inconsistent_entry_and_bad_config(tmp_path):
 
 def test_missing_file_is_a_clear_error(tmp_path):
     assert "cannot open" in _error(tmp_path / "nope.tinyloop")
+
+
+def test_the_data_checksum_is_the_sha256_of_the_tensor_bytes_and_catches_a_flipped_bit(tmp_path):
+    """data_sha256 (patched into the header after the tensors are streamed) equals hashlib's
+    SHA-256 of every byte after the header; one flipped bit anywhere in them is refused."""
+    import hashlib
+
+    from tinyloop.model.testmodels import make_test_model
+    path = tmp_path / "m.tinyloop"
+    make_test_model(path, "tiny-looped", seed=4)
+    data = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    with ModelFile(path) as f:
+        assert f.metadata["data_sha256"] == hashlib.sha256(data[8 + header_len:]).hexdigest()
+        assert f.verify_data() is True
+    for where in (8 + header_len, len(data) // 2, len(data) - 1):
+        flipped = tmp_path / f"flip{where}.tinyloop"
+        flipped.write_bytes(data[:where] + bytes([data[where] ^ 1]) + data[where + 1:])
+        with ModelFile(flipped) as f, pytest.raises(ModelFileError, match="checksum"):
+            f.verify_data()

@@ -46,6 +46,7 @@ def load_model(path, device=None, kv_mode: str | None = None) -> LoadedModel:
     if mode not in KV_MODES:
         raise TinyLoopError(f"KV cache mode must be one of {', '.join(KV_MODES)}, got {mode!r}")
     model_file = ModelFile(path)
+    model_file.verify_data()              # a bit flipped on disk is refused here, not served
     if mode == "int4-h" and model_file.config.head_dim & (model_file.config.head_dim - 1):
         raise TinyLoopError(f"the int4-h KV cache needs a power-of-two head_dim; this model has "
                             f"{model_file.config.head_dim}")

@@ -8,12 +8,14 @@ Layout (any safetensors reader can list the tensors):
     tensor bytes       each tensor at its data_offsets, relative to the end of the header
 
 `__metadata__` holds: format ("tinyloop"), format_version, config (JSON), tokenizer
-(tokenizer.json text), chat_template, quantization (JSON: weight name -> spec).
+(tokenizer.json text), chat_template, quantization (JSON: weight name -> spec),
+data_sha256 (hex SHA-256 of every byte after the header; checked at load).
 A quantized weight `W` is stored as `W.qcodes` (uint8), `W.qscale`, `W.qmin` and,
 with act-order, `W.qperm` (see quant.py).
 """
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
@@ -38,6 +40,13 @@ DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int
           "I64": np.int64, "U8": np.uint8, "I8": np.int8}
 DTYPE_NAMES = {np.dtype(v): k for k, v in DTYPES.items() if k != "BF16"}
 QUANT_PARTS = ("qcodes", "qscale", "qmin", "qperm")
+# SHA-256 of every byte after the header, in `__metadata__`: a bit flipped in the tensor data
+# is refused at load (a damaged header or a truncated file already fails the parse). The
+# streaming writer serialises a placeholder of the same width first and patches the digest in
+# once the tensors are written. Files written before it have no checksum and load unchecked.
+DATA_HASH_KEY = "data_sha256"
+HASH_PLACEHOLDER = "0" * 64
+HASH_CHUNK = 16 << 20
 
 
 # ----------------------------------------------------------------------------- writing
@@ -97,7 +106,9 @@ def write_streaming(path, metadata: dict, specs: list, produce, on_tensor=None) 
     path = Path(path)
     # Widest items first so every tensor sits at a multiple of its own item size.
     order = sorted(specs, key=lambda t: (-np.dtype(DTYPES[t.dtype]).itemsize, t.name))
-    header: dict = {"__metadata__": metadata}
+    # the placeholder first, so it is the first run of its bytes in the header
+    header: dict = {"__metadata__": {DATA_HASH_KEY: HASH_PLACEHOLDER,
+                                     **{k: v for k, v in metadata.items() if k != DATA_HASH_KEY}}}
     offset = 0
     for spec in order:
         nbytes = int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(DTYPES[spec.dtype]).itemsize
@@ -105,6 +116,8 @@ def write_streaming(path, metadata: dict, specs: list, produce, on_tensor=None) 
         offset += nbytes
     header_bytes = orjson.dumps(header)
     header_bytes += b" " * (-(8 + len(header_bytes)) % DATA_ALIGNMENT)
+    hash_at = 8 + header_bytes.index(HASH_PLACEHOLDER.encode())
+    digest = hashlib.sha256()
 
     tmp = path.with_name(path.name + ".partial")
     try:
@@ -117,9 +130,13 @@ def write_streaming(path, metadata: dict, specs: list, produce, on_tensor=None) 
                 if array.dtype != expected or tuple(array.shape) != tuple(spec.shape):
                     raise ValueError(f"tensor {spec.name}: produced {array.dtype} {array.shape}, "
                                      f"declared {spec.dtype} {tuple(spec.shape)}")
-                f.write(array.tobytes())
+                data = array.tobytes()
+                digest.update(data)
+                f.write(data)
                 if on_tensor is not None:
                     on_tensor(index, spec.name)
+            f.seek(hash_at)
+            f.write(digest.hexdigest().encode())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -142,6 +159,21 @@ class ModelFile:
         except BaseException:
             self.close()
             raise
+
+    def verify_data(self) -> bool:
+        """Check the tensor bytes against the file's checksum (ModelFileError if they differ).
+        -> False for a file written without one (nothing to check), True when it matches."""
+        expected = self.metadata.get(DATA_HASH_KEY)
+        if expected is None:
+            return False
+        digest = hashlib.sha256()
+        self._file.seek(self.data_start)
+        while chunk := self._file.read(HASH_CHUNK):
+            digest.update(chunk)
+        if digest.hexdigest() != expected:
+            self._fail("the tensor data does not match the file's checksum (data_sha256): the file is "
+                       "corrupt; convert or download it again")
+        return True
 
     def _fail(self, problem: str):
         raise ModelFileError(self.path, problem)
