@@ -42,11 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.txt"
 
 # name -> (module path, the tests that cover it: files or node ids; missing files are skipped)
+SPEC = "tests/test_speculative.py::"
 TARGETS = {
     "sampling": ("tinyloop/engine/sampling.py",
-                 ["tests/test_sampling.py", "tests/test_speculative.py", "tests/test_spec_penalties.py"]),
+                 ["tests/test_sampling.py", "tests/test_spec_penalties.py",
+                  SPEC + "test_greedy_with_penalties_stays_exact",
+                  SPEC + "test_speculative_sampling_has_plain_samplings_distribution"]),
     "acceptance": ("tinyloop/engine/speculative/acceptance.py",
-                   ["tests/test_acceptance.py", "tests/test_speculative.py"]),
+                   ["tests/test_acceptance.py", SPEC + "test_speculative_sampling_has_plain_samplings_distribution",
+                    SPEC + "test_greedy_speculation_equals_plain_generation"]),
     "stopstrings": ("tinyloop/text/stopstrings.py", ["tests/test_stopstrings.py"]),
     "schema": ("asgi/schema.py", ["tests/test_schema.py", "tests/test_server_asgi.py"]),
     "auth": ("asgi/auth.py", ["tests/test_auth.py", "tests/test_server_asgi.py"]),
