@@ -94,6 +94,20 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return found
 
 
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of every node inside a type annotation: never evaluated under
+    `from __future__ import annotations`, so a mutant there is no change at all."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(inner) for root in roots for inner in ast.walk(root)}
+
+
 def _is_log_call(node: ast.Expr) -> bool:
     """A statement like `log.info(...)`: deleting it is not a behaviour change the tests should pin."""
     call = node.value
@@ -105,7 +119,10 @@ def _sites(tree: ast.AST):
     """(node, kind, detail, apply) for every mutation site; apply(node) mutates in place and
     returns an undo function."""
     docstrings = _docstring_nodes(tree)
+    annotations = _annotation_nodes(tree)
     for node in ast.walk(tree):
+        if id(node) in annotations:
+            continue
         if isinstance(node, ast.Compare):
             for index, op in enumerate(node.ops):
                 if type(op) in COMPARE_SWAPS:
@@ -229,15 +246,17 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, float]
     seconds = time.monotonic() - started
     if result.returncode == 0:
         return "survived", seconds
-    if result.returncode in (1,):
+    if result.returncode in (1, 2):          # tests failed, or the mutant broke collection (an import)
         return "killed", seconds
-    # 2..5: interrupted, internal error, usage error, no tests: a broken setup, not a kill
+    # 3..5: internal error, usage error, no tests: a broken setup, not a kill
     raise RuntimeError(f"pytest exited {result.returncode}:\n{result.stdout.decode()[-3000:]}"
                        f"\n{result.stderr.decode()[-3000:]}")
 
 
-def check_module(name: str, tree: Path, every: int, timeout: float, equivalent: dict, log) -> dict:
-    module_path, test_paths = TARGETS[name]
+def check_module(name: str, tree: Path, every: int, timeout: float, equivalent: dict, log,
+                 test_paths: list[str] | None = None) -> dict:
+    module_path = TARGETS[name][0]
+    test_paths = test_paths or TARGETS[name][1]
     tests = [t for t in test_paths if (tree / t.split("::")[0]).exists()]
     target = tree / module_path
     original = target.read_text()
@@ -271,6 +290,7 @@ def main(argv=None) -> int:
     parser.add_argument("--every", type=int, default=1, help="run every N-th mutant only (a reduced run)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds per mutant at least (3x the unmutated run if longer); a timeout is a kill")
+    parser.add_argument("--tests", nargs="+", help="run these tests instead of the target's own (a quick look)")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--fail-on-survivors", action="store_true",
@@ -293,7 +313,7 @@ def main(argv=None) -> int:
         for name in names:
             print(f"{name} ({TARGETS[name][0]})", flush=True)
             report[name] = check_module(name, tree, args.every, args.timeout, equivalent,
-                                        lambda line: print(line, flush=True))
+                                        lambda line: print(line, flush=True), args.tests)
     print("\nmodule          mutants  killed  survived  equivalent")
     for name, r in report.items():
         print(f"{name:15s} {r['mutants']:7d} {r['killed']:7d} {len(r['survived']):9d} {len(r['equivalent']):11d}")
