@@ -11,7 +11,7 @@ import pytest
 
 from tinyloop.backends.cpu import CpuBackend
 from tinyloop.backends.cpu.kvstore import KVStorage, bytes_per_row, store_for
-from tinyloop.kv.modes import packed_bytes_per_row
+from tinyloop.kv.modes import check_mode, hadamard, packed_bytes_per_row
 
 
 def reference_int_codec(x: np.ndarray, bits: int, group: int) -> np.ndarray:
@@ -104,3 +104,24 @@ def test_bytes_per_row_per_mode(mode):
     assert bytes_per_row(mode, 2, 64) == CPU_BYTES[mode]
     storage = KVStorage(mode, 3, 2, 128, 64)
     assert storage.nbytes == 3 * 128 * CPU_BYTES[mode]
+
+
+def test_sizes_are_whole_numbers_of_bytes():
+    for mode in GPU_BYTES:
+        assert type(packed_bytes_per_row(mode, 3, 48)) is int and type(bytes_per_row(mode, 3, 48)) is int
+    # hd 48: one group of 48 per head
+    assert packed_bytes_per_row("int4", 3, 48) == 2 * 3 * (24 + 4)
+
+
+def test_an_unknown_mode_is_refused_with_the_modes_allowed():
+    assert check_mode("int4-h") == "int4-h"
+    with pytest.raises(ValueError, match="KV cache mode must be one of fp16, int8, int4, int4-h, fp32, got 'int2'"):
+        check_mode("int2")
+
+
+def test_hadamard_orders_and_refusals():
+    assert np.array_equal(hadamard(1), [[1.0]])
+    assert np.allclose(hadamard(8), sylvester(8), atol=1e-7)
+    for head_dim in (6, 12, 48, 96):
+        with pytest.raises(ValueError, match=f"power-of-two head_dim, got {head_dim}"):
+            hadamard(head_dim)
