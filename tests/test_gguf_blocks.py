@@ -7,13 +7,17 @@ byte by byte, independent of quant_blocks.py and of tests/gguf_writer.py:
 
 (all little-endian). The low nibble of byte j is value j, the high nibble value j + 16."""
 import struct
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tinyloop.convert.from_gguf import tinyloop_name
+from tinyloop.convert.from_gguf import chat_template_from_gguf, config_from_gguf, convert_gguf, tinyloop_name
+from tinyloop.convert.gguf import GGUFError
 from tinyloop.convert.quant_blocks import decode, reference_dequantize, tensor_nbytes
 from tinyloop.model.quant import QuantizedTensor, dequantize
+from tinyloop.text.chat import ChatTemplate
 
 
 def half(x: float) -> bytes:
@@ -102,3 +106,66 @@ def test_gguf_tensor_names_map_to_tinyloop_names():
                 "blk.2.ffn_down.weight": "core.2.mlp.down.weight", "rope_freqs.weight": None,
                 "blk.0.attn_q.bias": None, "blk.x.attn_q.weight": None}
     assert {name: tinyloop_name(name) for name in expected} == expected
+
+
+# ------------------------------------------------------------------ the converter around the blocks
+def gguf_with(metadata: dict, tensor_names=("token_embd.weight",)):
+    """What config_from_gguf reads of a GGUF file: its metadata, tensors and path."""
+    return SimpleNamespace(metadata=metadata, tensors=dict.fromkeys(tensor_names), path=Path("x.gguf"))
+
+
+LLAMA = {"general.architecture": "llama", "llama.block_count": 3, "llama.context_length": 128,
+         "llama.embedding_length": 64, "llama.feed_forward_length": 96, "llama.attention.head_count": 4,
+         "llama.vocab_size": 10}
+
+
+def test_llama_metadata_becomes_a_one_loop_config_with_defaults():
+    c = config_from_gguf(gguf_with(LLAMA))
+    assert (c.n_prelude, c.n_core, c.n_coda, c.default_loops, c.max_loops) == (0, 3, 0, 1, 1)
+    assert (c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.max_seq_len) == (64, 4, 4, 16, 96, 128)
+    assert c.norm_eps == 1e-5 and c.rope_theta == 10000.0 and c.tied_head
+    assert c.bos_token_id is None and c.eos_token_ids == () and c.name == "gguf-model"
+    untied = config_from_gguf(gguf_with({**LLAMA, "llama.attention.head_count_kv": 2,
+                                         "llama.attention.layer_norm_rms_epsilon": 1e-6},
+                                        ("token_embd.weight", "output.weight")))
+    assert not untied.tied_head and untied.n_kv_heads == 2 and untied.norm_eps == 1e-6
+
+
+@pytest.mark.parametrize("tokens, eos_id, expected", [
+    (["a", "<|endoftext|>", "b"], 2, (2, 1)),          # <|endoftext|> also ends generation
+    (["a", "<|endoftext|>", "b"], 1, (1,)),            # already the eos: not twice
+    (["a", "b"], 1, (1,)),                             # no <|endoftext|> in the vocabulary
+])
+def test_eos_ids(tokens, eos_id, expected):
+    meta = {**LLAMA, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.eos_token_id": eos_id,
+            "tokenizer.ggml.bos_token_id": 0}
+    c = config_from_gguf(gguf_with(meta))
+    assert c.eos_token_ids == expected and c.bos_token_id is None
+    assert config_from_gguf(gguf_with({**meta, "tokenizer.ggml.add_bos_token": True})).bos_token_id == 0
+
+
+def test_chat_templates():
+    chatml = "{{'<|im_start|>system\nBe kind<|im_end|>'}}{{'<|im_start|>' + m['role']}}"
+    assert chat_template_from_gguf({"tokenizer.chat_template": chatml}).to_metadata() == \
+        ChatTemplate("chatml", "Be kind").to_metadata()
+    assert chat_template_from_gguf({"tokenizer.chat_template": "{{'<|im_start|>' + m['role']}}"}).to_metadata() \
+        == ChatTemplate("chatml", None).to_metadata()
+    assert chat_template_from_gguf({}).to_metadata() == ChatTemplate("plain").to_metadata()
+
+
+def test_rope_scaling_tensors_are_refused_and_progress_is_reported(tmp_path, monkeypatch, capsys):
+    import test_convert
+    from gguf_writer import random_raw, write_gguf
+
+    def with_rope_freqs(path, meta, tensors):
+        rope = ("F32", (8,), random_raw("F32", (8,), np.random.default_rng(0)))
+        write_gguf(path, meta, {**tensors, "rope_freqs.weight": rope})
+    test_convert.llama_gguf(tmp_path / "plain.gguf", ["F16"])
+    convert_gguf(tmp_path / "plain.gguf", tmp_path / "plain.tinyloop", progress=True)
+    err = capsys.readouterr().err
+    assert "converting tensors: 20/20 (100%)" in err and "converted 20 tensors to " in err
+    monkeypatch.setattr(test_convert, "write_gguf", with_rope_freqs)
+    test_convert.llama_gguf(tmp_path / "rope.gguf", ["F16"])
+    with pytest.raises(GGUFError, match=r"rope_freqs \(RoPE scaling\) tensors are not supported"):
+        convert_gguf(tmp_path / "rope.gguf", tmp_path / "rope.tinyloop", progress=False)
+    assert not (tmp_path / "rope.tinyloop").exists()
