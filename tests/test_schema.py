@@ -112,6 +112,28 @@ def test_wrong_types_are_422(name, value, kind):
     assert (error.status, error.param, error.code) == (422, name, "invalid_type") and kind in error.message
 
 
+@pytest.mark.parametrize("value, described", [(None, "null"), (True, "boolean"), (3, "integer"), (1.5, "number"),
+                                              ("x", "string"), ([1], "array"), ({"a": 1}, "object")])
+def test_type_errors_name_the_json_type_sent(value, described):
+    field = "stream" if value is not True else "model"
+    body = {"model": "m", "messages": USER, field: value}
+    if value is None:
+        error = refused(validate, {"model": "m", "messages": None}, CHAT)
+        assert error.message == "'messages' is required"
+        error = refused(chat, messages=[{"role": None, "content": "x"}])
+    else:
+        error = refused(validate, body, CHAT)
+    assert error.message.endswith(f"got {described}"), error.message
+
+
+def test_an_integral_float_where_an_integer_belongs_is_a_type_error():
+    for value in (4096.0, 200.0, 1.0):
+        error = refused(chat, max_tokens=value)
+        assert (error.status, error.code) == (422, "invalid_type"), value
+    huge = refused(validate, {"model": "m", "messages": USER, "cache_window": 1e300}, API_V0)
+    assert huge.status == 400 and huge.message == "'cache_window' is far out of range: 1e+300"
+
+
 def test_an_integer_too_big_for_json_is_400_not_422():
     error = refused(chat, max_tokens=1e300)
     assert error.status == 400 and "far out of range" in error.message and "[1, 8192]" in error.message
@@ -132,6 +154,7 @@ def test_up_to_16_stop_strings_of_up_to_512_characters():
     error = refused(chat, stop=stops + ["x"])
     assert error.status == 400 and "at most 16" in error.message
     assert chat(stop=["a" * 512])["stop"] == ["a" * 512]
+    assert chat(stop=["x", "\n"])["stop"] == ["x", "\n"]                    # one character is enough
     assert chat(stop="a" * 512)["stop"] == ["a" * 512]
     assert refused(chat, stop=["a" * 513]).status == 400
     assert refused(chat, stop=[""]).status == 400
