@@ -130,6 +130,9 @@ def test_an_integral_float_where_an_integer_belongs_is_a_type_error():
     for value in (4096.0, 200.0, 1.0):
         error = refused(chat, max_tokens=value)
         assert (error.status, error.code) == (422, "invalid_type"), value
+    at_the_limit = refused(chat, max_tokens=2.0 ** 53)                 # the first float JSON cannot hold exactly
+    assert at_the_limit.status == 400 and "far out of range" in at_the_limit.message
+    assert refused(chat, max_tokens=2.0 ** 53 - 2).status == 422
     huge = refused(validate, {"model": "m", "messages": USER, "cache_window": 1e300}, API_V0)
     assert huge.status == 400 and huge.message == "'cache_window' is far out of range: 1e+300"
 
@@ -203,6 +206,11 @@ def test_developer_is_read_as_system_and_content_parts_are_joined():
 def test_bad_messages(messages, status, param):
     error = refused(chat, messages=messages)
     assert (error.status, error.param) == (status, param), error.message
+
+
+def test_a_message_without_content_says_content_is_required():
+    assert refused(chat, messages=[{"role": "user"}]).message == "'messages[0].content' is required"
+    assert refused(chat, messages=[{"role": "user", "content": None}]).message == "'messages[0].content' is required"
 
 
 def test_up_to_4096_messages():
