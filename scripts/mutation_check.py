@@ -212,12 +212,12 @@ def mutants_of(name: str) -> list[tuple[Mutant, str]]:
 
 
 def load_equivalent() -> dict[str, str]:
-    """scripts/mutation_equivalent.txt: `mutant id  # reason` per line."""
+    """scripts/mutation_equivalent.txt: `mutant id  # reason` per line (ids hold "#0": split on " #")."""
     listed = {}
     if EQUIVALENT_FILE.exists():
         for line in EQUIVALENT_FILE.read_text().splitlines():
             if line.strip() and not line.startswith("#"):
-                mutant_id, _, reason = line.partition("#")
+                mutant_id, _, reason = line.partition(" #")
                 listed[mutant_id.strip()] = reason.strip()
     return listed
 
