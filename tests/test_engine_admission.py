@@ -161,3 +161,11 @@ def test_an_engine_error_fails_the_running_and_the_waiting_and_every_later_submi
     with pytest.raises(EngineFailed, match="simulated kernel fault"):
         eng.submit(request(), Recorder("late", started))
     assert started == ["first"]
+
+
+def test_stopping_an_idle_engine_ends_its_thread_and_refuses_work(tiny):
+    eng = Engine(tiny, max_waiting=1)
+    eng.stop()
+    assert not eng._thread.is_alive(), "the engine thread was not woken to stop"
+    with pytest.raises(EngineFailed, match="shutting down"):
+        eng.submit(request(), Recorder("late", []))
