@@ -169,3 +169,13 @@ def test_stopping_an_idle_engine_ends_its_thread_and_refuses_work(tiny):
     assert not eng._thread.is_alive(), "the engine thread was not woken to stop"
     with pytest.raises(EngineFailed, match="shutting down"):
         eng.submit(request(), Recorder("late", []))
+
+
+def test_on_job_done_sees_every_finished_generation(engine):
+    finished = []
+    eng = engine(max_waiting=2, on_job_done=finished.append)
+    recorders = [Recorder(name, []) for name in ("a", "b")]
+    for recorder, max_tokens in zip(recorders, (3, 5)):
+        eng.submit(request(max_tokens), recorder)
+    results = [recorder.wait_done()[1] for recorder in recorders]
+    assert finished == results and [r.completion_tokens for r in finished] == [3, 5]
