@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import orjson
@@ -62,3 +63,22 @@ async def call(app, method: str, path: str, json=None, body: bytes | None = None
 
 def run(coro):
     return asyncio.run(coro)
+
+
+async def until(condition, what: str, timeout: float = 30.0) -> None:
+    """Poll condition() on the event loop; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def wait_until(condition, what: str, timeout: float = 30.0, interval: float = 0.01):
+    """The same from a plain thread; returns condition()'s first truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(interval)

@@ -1,3 +1,6 @@
+import os
+import re
+
 import pytest
 
 from tinyloop.model.loader import load_model
@@ -50,3 +53,31 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# -- no silent skips in CI -----------------------------------------------------------------------
+# In CI (CI set and not "0"/"false") a skipped test is a failure, unless its reason says a GPU
+# is what is missing: CI machines have none. Anything else a test needs, .ci/run installs.
+GPU_REASON = re.compile(r"\bGPU\b|\bCUDA\b", re.IGNORECASE)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and in_ci()) or hasattr(report, "wasxfail"):
+        return
+    reason = skip_reason(report)
+    if not GPU_REASON.search(reason):
+        report.outcome = "failed"
+        report.longrepr = (f"skipped in CI: {reason}\nOnly a missing GPU may skip a test in CI; "
+                           "install what this test needs in .ci/run (or the dev extra).")

@@ -389,7 +389,7 @@ def test_fixture_devices_default_to_three_harness_orders(monkeypatch):
 
 def test_fixture_loads_modules_by_name(kernel_device, monkeypatch):
     if kernel_device.is_gpu:
-        pytest.skip("the harness-only checks of the fixture")
+        pytest.skip("the harness-only checks of the fixture (this run is on a GPU)")
     monkeypatch.setattr(kd, "CUDA_DIR", KERNELS)
     device = kd.HarnessDevice(kernel_device.order)
     y = device.asarray(np.ones(100, np.float32))

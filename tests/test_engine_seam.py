@@ -3,10 +3,10 @@ pool, the step-shaped engine (schedule -> run -> postprocess), stop strings belo
 HTTP layer, shutdown."""
 import inspect
 import threading
-import time
 
 import numpy as np
 import pytest
+from asgi_client import wait_until
 
 from tinyloop.backends.base import Backend
 from tinyloop.backends.cpu import CpuBackend
@@ -160,9 +160,7 @@ def test_stopping_the_engine_reports_shutdown_not_stop(tiny):
     long = GenerationRequest([5, 6, 7], 400, loops=8, ignore_eos=True)
     running_events, running_done, _ = engine_events(engine, long)
     waiting_events, waiting_done, _ = engine_events(engine, long)
-    deadline = time.time() + 30
-    while not any(kind == "token" for kind, _ in running_events) and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: any(kind == "token" for kind, _ in running_events), "the first token")
     engine.stop()
     assert running_done.wait(30) and waiting_done.wait(30)
     assert running_events[-1][0] == "done" and running_events[-1][1].finish_reason == "shutdown"
@@ -175,9 +173,7 @@ def test_a_cancelled_request_ends_within_one_step(tiny):
     engine = Engine(tiny, max_waiting=2)
     try:
         events, done, submission = engine_events(engine, GenerationRequest([5, 6, 7], 400, loops=8, ignore_eos=True))
-        deadline = time.time() + 30
-        while sum(kind == "token" for kind, _ in events) < 3 and time.time() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: sum(kind == "token" for kind, _ in events) >= 3, "three tokens")
         engine.cancel(submission)
         assert done.wait(30)
         assert events[-1][1].finish_reason == "cancelled" and len(events) < 50

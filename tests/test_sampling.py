@@ -104,3 +104,83 @@ def test_presence_and_frequency_penalties_follow_openai():
 def test_invalid_parameters_say_what_is_allowed(field, value, message):
     with pytest.raises(RequestError, match=message):
         SamplingParams(**{field: value})
+
+
+def reference_probabilities(logits, temperature, top_k, top_p) -> dict:
+    """Brute force: the kept ids' probabilities, renormalised over what top-k/top-p keep."""
+    scores = [x / temperature for x in logits]
+    kept = reference_kept(list(logits), temperature, top_k, top_p)
+    best = max(scores[i] for i in kept)
+    weights = {i: math.exp(scores[i] - best) for i in kept}
+    total = sum(weights.values())
+    return {i: w / total for i, w in weights.items()}
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_kept_probabilities_are_the_renormalised_softmax(case):
+    rng = np.random.default_rng(100 + case)
+    logits = rng.standard_normal(30) * 2
+    top_k, top_p, temperature = [(0, 1.0, 1.0), (5, 1.0, 0.7), (0, 0.8, 1.3), (7, 0.6, 2.0)][case % 4]
+    probs = Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p), 30).probabilities(logits)
+    expected = reference_probabilities(list(logits), temperature, top_k, top_p)
+    assert set(np.flatnonzero(probs)) == set(expected)
+    for token, p in expected.items():
+        assert probs[token] == pytest.approx(p, rel=1e-12)
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token():
+    probs = Sampler(SamplingParams(temperature=1.0, top_p=0.0), 4).probabilities(np.array([0.0, 3.0, 2.9, 1.0]))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_greedy_probabilities_put_all_mass_on_the_penalised_argmax():
+    sampler = Sampler(SamplingParams(repetition_penalty=4.0), 3, prompt_ids=[0])
+    logits = np.array([3.0, 1.0, 0.5])                  # token 0 seen: 3 / 4 = 0.75 < 1
+    assert sampler.probabilities(logits).tolist() == [0.0, 1.0, 0.0]
+    assert sampler.greedy_token(logits) == 1 and sampler.sample(logits) == 1
+
+
+def test_draw_is_an_inverse_cdf_of_one_uniform():
+    class Fixed:
+        def __init__(self, u):
+            self.u = u
+
+        def random(self):
+            return self.u
+    sampler = Sampler(SamplingParams(temperature=1.0), 4)
+    probs = np.array([0.25, 0.0, 0.5, 0.25])
+    assert [sampler.draw(probs, Fixed(u)) for u in (0.0, 0.2499, 0.25, 0.7499, 0.75, 0.9999)] == [0, 0, 2, 2, 3, 3]
+    assert sampler.draw(np.array([0.5, 0.5, 0.0]), Fixed(1.0)) == 1      # u on the total: the last token kept
+    assert sampler.draw(np.array([1.0, 3.0]), Fixed(0.3)) == 1           # weights need not sum to 1
+
+
+@pytest.mark.parametrize("field, low, high, below, above", [
+    ("temperature", 0.0, 2.0, -0.01, 2.01), ("top_p", 0.0, 1.0, -0.01, 1.01),
+    ("repetition_penalty", 1e-9, 10.0, 0.0, 10.01), ("presence_penalty", -2.0, 2.0, -2.01, 2.01),
+    ("frequency_penalty", -2.0, 2.0, -2.01, 2.01), ("seed", 0, 2 ** 64 - 1, -1, 2 ** 64),
+    ("top_k", 0, 10 ** 6, -1, None),
+])
+def test_parameter_limits_are_inclusive(field, low, high, below, above):
+    assert getattr(SamplingParams(**{field: low}), field) == low
+    assert getattr(SamplingParams(**{field: high}), field) == high
+    for value in (below, above):
+        if value is not None:
+            with pytest.raises(RequestError) as info:
+                SamplingParams(**{field: value})
+            assert info.value.param == field
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_k", "seed", "top_p"])
+def test_booleans_are_not_numbers(field):
+    with pytest.raises(RequestError, match=f"{field} must be"):
+        SamplingParams(**{field: True})
+
+
+def test_assuming_sees_a_draft_path_and_restores_the_history():
+    sampler = Sampler(SamplingParams(presence_penalty=1.0, repetition_penalty=2.0), 4, prompt_ids=[3])
+    sampler.observe(1)
+    before = sampler.penalized(np.ones(4)).tolist()
+    with sampler.assuming([2, 2, 1]):
+        assert sampler.penalized(np.ones(4)).tolist() == [1.0, 0.5 - 1.0, 0.5 - 1.0, 0.5]
+    assert sampler.penalized(np.ones(4)).tolist() == before == [1.0, -0.5, 1.0, 0.5]
+    assert sampler.generated_counts.tolist() == [0, 1, 0, 0]

@@ -175,5 +175,6 @@ def test_no_handler_is_chained_in_front_of_a_default_action_or_off_the_main_thre
 
     thread = threading.Thread(target=elsewhere)
     thread.start()
-    thread.join()
+    thread.join(10)
+    assert not thread.is_alive(), "drain_on_signals did not return within 10 s"
     assert installed == [[]]

@@ -13,6 +13,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from asgi_client import wait_until
 
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.engine.sampling import SamplingParams
@@ -269,23 +270,23 @@ def test_429_under_concurrent_load(server):
 
     first = threading.Thread(target=fire, args=(LONG,))
     first.start()
-    while metric(server, "tinyloop_generations_running") < 1:
-        time.sleep(0.01)
+    wait_until(lambda: metric(server, "tinyloop_generations_running") >= 1, "the long generation to start")
     waiters = [threading.Thread(target=fire, args=({"prompt": "Hi", "max_tokens": 2},))
                for _ in range(MAX_WAITING)]
     for t in waiters:
         t.start()
-    while metric(server, "tinyloop_generations_waiting") < MAX_WAITING:
-        time.sleep(0.01)
+    wait_until(lambda: metric(server, "tinyloop_generations_waiting") >= MAX_WAITING, "the queue to fill")
     refused = [threading.Thread(target=fire, args=({"prompt": "Hi", "max_tokens": 2},)) for _ in range(3)]
     for t in refused:
         t.start()
     for t in refused:
-        t.join()
+        t.join(60)
+        assert not t.is_alive(), "a refused request got no answer within 60 s"
     assert metric(server, "tinyloop_generations_running") == 1
     assert sorted(results) == [(429, "1")] * 3                 # only the refused ones are back yet
     for t in [first] + waiters:
-        t.join()
+        t.join(120)
+        assert not t.is_alive(), "an admitted request got no answer within 120 s"
     assert sorted(status for status, _ in results) == [200] * (1 + MAX_WAITING) + [429] * 3
 
 

@@ -54,3 +54,26 @@ def test_random_splits_equal_the_whole_text_rule(seed):
     expected = text[:min(positions)] if positions else text
     assert "".join(released) + tail == expected
     assert stopped == bool(positions)
+
+
+def test_holds_back_the_longest_possible_prefix_not_the_shortest():
+    """Stop "aab" fed as "xaa" then "b yz": after "xaa" both "a" and "aa" could start
+    the stop; holding back only "a" would release the first "a" and miss the stop."""
+    matcher = StopStringMatcher(["aab"])
+    assert matcher.feed("xaa") == "x"
+    assert matcher.feed("b yz") == ""
+    assert matcher.stopped
+    assert matcher.flush() == ""
+
+
+def test_a_prefix_as_long_as_the_longest_stop_minus_one_is_held_back():
+    matcher = StopStringMatcher(["q", "abcdef"])
+    assert matcher.feed("zzabcde") == "zz"       # "abcde" could still become "abcdef"
+    assert matcher.feed("f!") == ""
+    assert matcher.stopped
+
+
+def test_empty_stop_strings_are_ignored():
+    matcher = StopStringMatcher(["", "END"])
+    assert matcher.feed("abc") == "abc"
+    assert matcher.feed("xEND") == "x" and matcher.stopped
