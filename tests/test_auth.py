@@ -82,6 +82,9 @@ def test_an_existing_key_file_is_used_as_is(tmp_path):
 
 def test_an_empty_key_file_gets_a_new_key(tmp_path):
     (tmp_path / "api-key").write_text("\n")
+    # 0700: no access for others (a readable-by-others file is refused, test_faults.py), and
+    # not 0600 either, so the new key file's mode comes from the chmod after the write
+    (tmp_path / "api-key").chmod(0o700)
     key, path = load_or_create_key(tmp_path)
     assert key.startswith("tl-") and len(key) == 46 and path.read_text() == key + "\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
