@@ -193,7 +193,8 @@ def test_developer_is_read_as_system_and_content_parts_are_joined():
     ([], 400, "messages"),
     ("hi", 422, "messages"),
     (["hi"], 422, "messages[0]"),
-    ([{"role": "tool", "content": "x"}], 400, "messages[0].role"),
+    ([{"role": "tool", "content": "x"}], 422, "messages[0].tool_call_id"),     # a tool result answers a call
+    ([{"role": "robot", "content": "x"}], 400, "messages[0].role"),
     ([{"role": None, "content": "x"}], 422, "messages[0].role"),
     ([{"role": "user"}], 422, "messages[0].content"),
     ([{"role": "user", "content": 5}], 422, "messages[0].content"),
@@ -241,9 +242,8 @@ def test_unknown_fields_are_named_and_extensions_point_to_api_v0():
 
 
 @pytest.mark.parametrize("name, default, other", [
-    ("logprobs", False, True), ("tools", [], [{"type": "function"}]), ("response_format", {"type": "text"},
-                                                                         {"type": "json_object"}),
-    ("tool_choice", "auto", "required"), ("logit_bias", {}, {"5": 1}), ("top_logprobs", 0, 3),
+    ("functions", [], [{"name": "f"}]), ("function_call", "none", {"name": "f"}), ("service_tier", "auto", "flex"),
+    ("store", False, True), ("metadata", {}, {"k": "v"}), ("modalities", ["text"], ["text", "audio"]),
 ])
 def test_unsupported_openai_fields_only_at_their_default(name, default, other):
     assert name not in chat(**{name: default})
