@@ -179,8 +179,8 @@ def test_booleans_are_not_numbers(field):
 def test_assuming_sees_a_draft_path_and_restores_the_history():
     sampler = Sampler(SamplingParams(presence_penalty=1.0, repetition_penalty=2.0), 4, prompt_ids=[3])
     sampler.observe(1)
-    before = sampler.penalized(np.ones(4)).tolist()
+    before = sampler.shaped(np.ones(4)).tolist()
     with sampler.assuming([2, 2, 1]):
-        assert sampler.penalized(np.ones(4)).tolist() == [1.0, 0.5 - 1.0, 0.5 - 1.0, 0.5]
-    assert sampler.penalized(np.ones(4)).tolist() == before == [1.0, -0.5, 1.0, 0.5]
+        assert sampler.shaped(np.ones(4)).tolist() == [1.0, 0.5 - 1.0, 0.5 - 1.0, 0.5]
+    assert sampler.shaped(np.ones(4)).tolist() == before == [1.0, -0.5, 1.0, 0.5]
     assert sampler.generated_counts.tolist() == [0, 1, 0, 0]
