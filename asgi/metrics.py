@@ -83,7 +83,8 @@ class Metrics:
                    [({}, waiting)])
             metric("tinyloop_draining", "gauge", "1 once the server was told to stop: it takes no new generations.",
                    [({}, int(draining))])
-            metric("tinyloop_generations_total", "counter", "Engine jobs by mode and finish reason (cancelled: the client left or a stop string matched).",
+            metric("tinyloop_generations_total", "counter",
+                   "Engine jobs by mode and finish reason (cancelled: the client left or a stop string matched).",
                    [({"mode": m, "finish_reason": f}, n) for (m, f), n in sorted(self.generations.items())])
             metric("tinyloop_client_disconnects_total", "counter", "Generations cancelled by a client leaving.",
                    [({}, self.disconnects)])

@@ -180,13 +180,15 @@ def test_a_key_file_that_cannot_be_read_is_refused(tmp_path):
 def test_a_state_directory_that_cannot_be_created_is_refused(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(KeyFileError, match="cannot create the state directory .*: Not a directory; set TINYLOOP_STATE_DIR"):
+    refusal = "cannot create the state directory .*: Not a directory; set TINYLOOP_STATE_DIR"
+    with pytest.raises(KeyFileError, match=refusal):
         load_or_create_key(blocker / "state")
 
 
 def test_a_state_directory_that_cannot_be_written_is_refused(tmp_path):
     # Root may write anywhere, so a read-only place is made from /proc, which refuses new files.
-    with pytest.raises(KeyFileError, match="(cannot write the API key file|cannot create the state directory)") as refused:
+    refusal = "(cannot write the API key file|cannot create the state directory)"
+    with pytest.raises(KeyFileError, match=refusal) as refused:
         load_or_create_key(__import__("pathlib").Path("/proc/self"))
     assert "[Errno" not in str(refused.value)
 
