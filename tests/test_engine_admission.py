@@ -179,3 +179,30 @@ def test_on_job_done_sees_every_finished_generation(engine):
         eng.submit(request(max_tokens), recorder)
     results = [recorder.wait_done()[1] for recorder in recorders]
     assert finished == results and [r.completion_tokens for r in finished] == [3, 5]
+
+
+def test_capacity_does_not_depend_on_when_the_engine_thread_wakes(tiny, monkeypatch):
+    """One running + max_waiting waiting, even before the engine thread has taken the first
+    request off the queue (it holds the running slot, not a waiting one): with the thread
+    held at its next schedule, max_waiting + 1 requests are admitted and one more is refused.
+    (Before, the third of three concurrent requests to an idle engine could get a 429.)"""
+    gate, original = threading.Event(), Engine._schedule
+
+    def held_schedule(self):
+        assert gate.wait(WAIT_S), "the test never opened the gate"
+        return original(self)
+    monkeypatch.setattr(Engine, "_schedule", held_schedule)
+    engine = Engine(tiny, max_waiting=2)
+    try:
+        log = []
+        recorders = [Recorder(name, log) for name in "abc"]
+        for recorder in recorders:
+            engine.submit(request(), recorder)
+        with pytest.raises(QueueFull):
+            engine.submit(request(), Recorder("d", log))
+        gate.set()
+        assert [r.wait_done()[0] for r in recorders] == ["done"] * 3
+        assert log == ["a", "b", "c"]
+    finally:
+        gate.set()
+        engine.stop()

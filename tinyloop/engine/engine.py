@@ -95,8 +95,11 @@ class Engine:
                 raise EngineFailed(self.failure)
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            busy = self._running is not None or self._waiting
-            if busy and len(self._waiting) >= self.max_waiting:
+            # Capacity is one running + max_waiting waiting. While the engine thread has not yet
+            # taken the head of the queue, that request holds the running slot, not a waiting one:
+            # admission must not depend on how soon the engine thread wakes up.
+            free_runner = 1 if self._running is None else 0
+            if len(self._waiting) >= self.max_waiting + free_runner:
                 raise QueueFull(f"{self.running} generation running and {len(self._waiting)} waiting "
                                 f"(TINYLOOP_MAX_WAITING={self.max_waiting})")
             self._waiting.append(submission)
