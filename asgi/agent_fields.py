@@ -8,7 +8,7 @@ import re
 from tinyloop.engine.sampling import MAX_TOP_LOGPROBS
 
 from .errors import bad_request, unprocessable
-from .schema import CUSTOM_KINDS, Field, describe
+from .schema import CUSTOM_KINDS, MAX_MESSAGES, Field, describe
 
 MAX_TOOLS = 128
 MAX_COMPLETION_LOGPROBS = 5          # OpenAI's limit for /v1/completions
@@ -150,7 +150,8 @@ OPENAPI_KINDS = {
     "logit_bias": {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
     "keep_alive": {"anyOf": [{"type": "number"}, {"type": "string"}]},
     "completion_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS},
-    "chat_messages": {"type": "array", "items": {"type": "object", "required": ["role"], "properties": {
+    "chat_messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {
+        "type": "object", "required": ["role"], "properties": {
         "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
         "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
                               {"type": "null"}]},

@@ -14,7 +14,7 @@ from .fields import (
     NATIVE_SPECULATIVE,
     NATIVE_TREE,
 )
-from .schema import MAX_MESSAGES, MAX_STOP_LENGTH, MAX_STOP_STRINGS
+from .schema import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 # Shapes that overlap (an empty array is both a string array and an id array) use anyOf:
 # oneOf would declare `[]` invalid, which the server accepts.
@@ -33,13 +33,6 @@ KIND_SCHEMAS = {
                               {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 1024}]},
     "native_prompt": {"anyOf": [TEXT, TOKEN_IDS]},
     "completion_prompt": {"anyOf": [TEXT, TOKEN_IDS, {"type": "array", "items": TEXT, "minItems": 1, "maxItems": 1}]},
-    "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {
-        "type": "object", "required": ["role", "content"], "properties": {
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
-                "type": "object", "required": ["type", "text"],
-                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
-            "name": {"type": "string"}}}},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                        "additionalProperties": False},
     "loops": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tinyloop.text.chat import ROLES
-
 from .errors import bad_request, unprocessable
 
 MAX_STOP_STRINGS = 16
@@ -181,37 +179,6 @@ def _completion_prompt(name, value):
     return _native_prompt(name, value)
 
 
-def _messages(name, value):
-    if not isinstance(value, list):
-        raise unprocessable(f"'{name}' must be an array of messages, got {describe(value)}", name)
-    if len(value) > MAX_MESSAGES:
-        raise bad_request(f"'{name}' may hold at most {MAX_MESSAGES} messages", name)
-    messages = []
-    for index, message in enumerate(value):
-        where = f"{name}[{index}]"
-        if not isinstance(message, dict):
-            raise unprocessable(f"'{where}' must be an object with role and content", where)
-        extra = [k for k in message if k not in ("role", "content", "name")]
-        for key in extra:
-            if key in ("tool_calls", "function_call", "refusal", "tool_call_id", "audio") and \
-                    message[key] in (None, []):
-                continue
-            raise bad_request(f"'{where}.{key}' is not supported by this server", f"{where}.{key}",
-                              "unsupported_field")
-        role = message.get("role")
-        if not isinstance(role, str):
-            raise unprocessable(f"'{where}.role' must be a string, got {describe(role)}", f"{where}.role")
-        if role == "developer":
-            role = "system"
-        if role not in ROLES:
-            raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)} (developer is read "
-                              f"as system); got {role!r}", f"{where}.role")
-        messages.append({"role": role, "content": _message_content(f"{where}.content", message.get("content"))})
-    if not messages:
-        raise bad_request(f"'{name}' must contain at least one message", name)
-    return messages
-
-
 def _message_content(where, content):
     if isinstance(content, str):
         return content
@@ -260,6 +227,5 @@ CUSTOM_KINDS = {
     "native_stop": _native_stop,
     "native_prompt": _native_prompt,
     "completion_prompt": _completion_prompt,
-    "messages": _messages,
     "stream_options": _stream_options,
 }

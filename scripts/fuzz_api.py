@@ -42,7 +42,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer, summed  # noqa: E402
 
 from asgi.openapi import openapi_document  # noqa: E402
 
@@ -60,20 +60,6 @@ class Report:
 
     def fail(self, check: str, route: str, detail: str, curl: str) -> None:
         self.failures.setdefault((check, route, detail[:400]), curl[:1000])
-
-
-def metrics_values(base: str, auth: dict) -> dict:
-    """Prometheus text -> {name or name{labels}: value} (labels kept as written)."""
-    values = {}
-    for line in httpx.get(f"{base}/metrics", headers=auth, timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
-def total(values: dict, name: str) -> float:
-    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
 
 
 @lru_cache(maxsize=None)
@@ -214,14 +200,14 @@ def after_checks(server: LiveServer, reference: list) -> list[str]:
     problems = []
     deadline = time.monotonic() + 30
     while True:
-        values = metrics_values(server.base, server.auth)
+        values = server.metrics(timeout=10)
         idle = values.get("tinyloop_generations_running") == 0 and values.get("tinyloop_generations_waiting") == 0
         if idle or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     if not idle:
         problems.append("the engine is not idle 30 s after the last request")
-    admitted, settled = total(values, "tinyloop_admitted_total"), total(values, "tinyloop_settled_total")
+    admitted, settled = summed(values, "tinyloop_admitted_total"), summed(values, "tinyloop_settled_total")
     if admitted != settled:
         problems.append(f"admission slots leaked: {admitted:.0f} admitted, {settled:.0f} settled")
     health = server.health()

@@ -41,7 +41,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer, summed  # noqa: E402
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/api/v0/chat/completions",
                      "/api/v0/completions", "/generate", "/generate/speculative", "/generate/tree_speculative")
@@ -181,24 +181,10 @@ def one_request(client, server, route, body, rng, leave, tally) -> int | None:
     return response.status_code
 
 
-def read_metrics(server: LiveServer) -> dict:
-    values = {}
-    text = httpx.get(f"{server.base}/metrics", headers=server.auth, timeout=30).text
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
-def summed(values: dict, prefix: str) -> float:
-    return sum(v for k, v in values.items() if k == prefix or k.startswith(prefix + "{"))
-
-
 def sampler(server: LiveServer, stop: threading.Event, every: float, samples: list, started: float) -> None:
     while not stop.wait(every):
         try:
-            values = read_metrics(server)
+            values = server.metrics()
         except httpx.HTTPError:
             continue
         samples.append({"t": time.monotonic() - started, "rss": values.get("process_resident_memory_bytes"),
@@ -248,7 +234,7 @@ def soak(args) -> tuple[dict, list[str]]:
             # After the clients: wait until every admitted generation has settled.
             wait_until = time.monotonic() + 60
             while True:
-                values = read_metrics(server)
+                values = server.metrics()
                 settled = summed(values, "tinyloop_settled_total")
                 if (settled == values["tinyloop_admitted_total"] and values["tinyloop_generations_running"] == 0
                         and values["tinyloop_generations_waiting"] == 0) or time.monotonic() > wait_until:

@@ -66,6 +66,16 @@ class LiveServer:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def metrics(self, timeout: float = 30) -> dict:
+        """/metrics as {name or name{labels}: value} (labels kept as written)."""
+        values = {}
+        text = httpx.get(f"{self.base}/metrics", headers=self.auth, timeout=timeout).text
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name] = float(value)
+        return values
+
     def wait_for(self, condition, what: str) -> dict:
         """Poll /health until condition(status text) holds; raise with the log if the
         process exits or the timeout passes."""
@@ -122,3 +132,8 @@ class LiveServer:
                 self.stop()
         finally:
             self.close()
+
+
+def summed(values: dict, name: str) -> float:
+    """A metric's value summed over its labels (LiveServer.metrics())."""
+    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))

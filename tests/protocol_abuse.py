@@ -9,6 +9,7 @@ import time
 
 import httpx
 import orjson
+from live_server import summed
 
 GREEDY_PROBE = {"prompt": "The looped transformer", "max_tokens": 16, "temperature": 0}
 
@@ -179,16 +180,7 @@ def half_close(server) -> dict:
 
 # ------------------------------------------------------------------------------ afterwards
 def metrics(server) -> dict:
-    values = {}
-    for line in httpx.get(f"{server.base}/metrics", headers=server.auth, timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
-
-
-def summed(values: dict, name: str) -> float:
-    return sum(v for k, v in values.items() if k == name or k.startswith(name + "{"))
+    return server.metrics(timeout=10)
 
 
 def after_abuse(server, reference: list, timeout: float = 30) -> list[str]:

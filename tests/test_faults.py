@@ -20,7 +20,7 @@ import time
 import httpx
 import orjson
 import pytest
-from asgi_client import call, run
+from asgi_client import call, run, wait_until
 from live_server import LiveServer
 from test_security import SERVE_SETS
 from test_server_asgi import ready_app
@@ -258,6 +258,19 @@ def test_sigterm_during_a_stream_ends_it_cleanly_and_granian_exits_0(long_model)
 
 
 # ----------------------------------------------------- a client gone before the first byte
+def _post_generate(body: dict):
+    """(scope, receive) of one POST /generate whose client never sends a disconnect."""
+    messages = [{"type": "http.request", "more_body": False, "body": orjson.dumps(body)}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.Event().wait()
+    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
+    return scope, receive
+
+
 def test_a_stream_whose_client_is_gone_at_the_first_byte_gives_its_slot_back_at_once(model_path, caplog):
     """The stream's first send fails (the socket is gone, no disconnect message ever
     comes): the admitted generation must be cancelled then, not run on to max_tokens
@@ -268,22 +281,9 @@ def test_a_stream_whose_client_is_gone_at_the_first_byte_gives_its_slot_back_at_
     async def send(message):
         raise ConnectionResetError("client closed the connection")
 
-    body = [{"type": "http.request", "more_body": False,
-             "body": orjson.dumps({"prompt": "hi", "max_tokens": 500, "loops": 8, "stream": True})}]
-
-    async def receive():
-        if body:
-            return body.pop()
-        await asyncio.Event().wait()
-
-    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
-    run(app(scope, receive, send))                 # no exception escapes the app
+    run(app(*_post_generate({"prompt": "hi", "max_tokens": 500, "loops": 8, "stream": True}), send))  # nothing escapes
     engine, metrics = app.state.engine, app.state.metrics
-    deadline = time.monotonic() + 30
-    while engine.running or engine.waiting:
-        assert time.monotonic() < deadline, "the abandoned generation still holds the engine"
-        time.sleep(0.01)
+    wait_until(lambda: not (engine.running or engine.waiting), "the abandoned generation to free the engine")
     assert metrics.admitted == 1 and metrics.settled == {"cancelled": 1}
     assert metrics.completion_tokens < 500, "the abandoned generation ran to max_tokens"
     assert metrics.requests[("/generate", 499)] == 1 and "internal error" not in caplog.text
@@ -297,16 +297,7 @@ def test_an_error_answer_to_a_client_that_is_gone_raises_nothing_out_of_the_app(
     async def send(message):
         raise ConnectionResetError("client closed the connection")
 
-    body = [{"type": "http.request", "more_body": False, "body": orjson.dumps({"prompt": "hi", "max_tokens": 10 ** 5})}]
-
-    async def receive():
-        if body:
-            return body.pop()
-        await asyncio.Event().wait()
-
-    scope = {"type": "http", "method": "POST", "path": "/generate", "query_string": b"",
-             "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
-    run(app(scope, receive, send))                 # raises ClientGone without the fix
+    run(app(*_post_generate({"prompt": "hi", "max_tokens": 10 ** 5}), send))   # raised ClientGone before the fix
     assert app.state.metrics.requests[("/generate", 400)] == 1
 
 
