@@ -248,6 +248,22 @@ def test_bench_errors_are_one_line(tmp_path, capsys):
     assert "tinyloop: error: model file not found" in capsys.readouterr().err
 
 
+def test_a_preset_is_written_into_a_cache_dir_that_does_not_exist_yet(tmp_path):
+    from tinyloop.bench.main import resolve_model
+    from tinyloop.model.loader import load_model
+    path = resolve_model("preset:tiny-looped", str(tmp_path / "new" / "nested"))
+    assert path == str(tmp_path / "new" / "nested" / "bench-tiny-looped-seed0.tinyloop")
+    assert load_model(path).config.max_loops > 1
+
+
+def test_a_cache_dir_that_cannot_be_made_is_a_one_line_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["bench", "preset:tiny-looped", "--no-http", "--cache-dir", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "tinyloop: error: --cache-dir" in err and "Traceback" not in err
+
+
 def test_interference_counts_only_other_processes(monkeypatch):
     from tinyloop.bench import interference
     machine = iter([(1000, 4000), (1300, 4400)])          # 300 busy ticks of 400 elapsed over all CPUs

@@ -96,6 +96,10 @@ def resolve_model(name: str | None, cache_dir: str) -> str:
             raise TinyLoopError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         path = Path(cache_dir) / f"bench-{preset}-seed0.tinyloop"
         if not path.exists():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise TinyLoopError(f"--cache-dir {cache_dir}: cannot create it: {exc.strerror or exc}") from exc
             make_test_model(path, preset, seed=0, dtype=np.float16 if preset == "doc-407m" else np.float32)
         return str(path)
     if not Path(name).is_file():
