@@ -264,6 +264,52 @@ def test_a_cache_dir_that_cannot_be_made_is_a_one_line_error(tmp_path, capsys):
     assert "tinyloop: error: --cache-dir" in err and "Traceback" not in err
 
 
+BAD_ARGUMENTS = [
+    (["--prompt-lengths", "0"], "--prompt-lengths: expected a whole number >= 1"),
+    (["--prompt-lengths", "-5"], "--prompt-lengths: expected a whole number >= 1"),
+    (["--context", "0"], "--context: expected a whole number >= 1"),
+    (["--decode-tokens", "0"], "--decode-tokens: expected a whole number >= 1"),
+    (["--rounds", "0"], "--rounds: expected a whole number >= 1"),
+    (["--threads", "0"], "--threads: expected a whole number >= 1"),
+    (["--settle", "-1"], "--settle: expected a number of seconds >= 0"),
+    (["--settle", "nan"], "--settle: expected a number of seconds >= 0"),
+    (["--device", "tpu"], "--device: invalid choice"),
+    (["--speculative", "4,8,17,1"], "1 <= AHEAD <= 16"),
+    (["--speculative", "4,8,16,16"], "K x AHEAD <= 64"),
+    (["--plot", "/nonexistent-dir/b.png"], "--plot /nonexistent-dir/b.png: the folder"),
+    (["--save", "/nonexistent-dir/b.json"], "--save /nonexistent-dir/b.json: the folder"),
+    (["--gguf", "/nonexistent.gguf"], "--gguf /nonexistent.gguf: file not found"),
+    (["--llama-python", "/nonexistent-python"], "--llama-python /nonexistent-python: not an executable"),
+    # a missing checkout used to fall back to the installed tinyloop: this code measured as its own baseline
+    (["--baseline", "/nonexistent-checkout"], "not a TinyLoop checkout"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD_ARGUMENTS, ids=[" ".join(a) for a, _ in BAD_ARGUMENTS])
+def test_bad_arguments_are_refused_in_one_line_before_measuring(tmp_path, capsys, extra, message):
+    argv = ["bench", "preset:tiny-looped", "--no-http", "--quick", "--cache-dir", str(tmp_path), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:                 # argparse's own refusals
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()[-1]) > 0 and not list(tmp_path.glob("*.json"))
+
+
+def test_a_failure_inside_a_worker_is_one_line(tmp_path, capsys):
+    """--device cuda without CuPy fails in the measuring worker; the parent says so in one line."""
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed: the cuda device would load (this checks the no-GPU refusal)")
+    except ImportError:
+        pass
+    code = main(["bench", "preset:tiny-looped", "--no-http", "--quick", "--cache-dir", str(tmp_path),
+                 "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and "CuPy is not installed" in err and "Traceback" not in err, err
+
+
 def test_interference_counts_only_other_processes(monkeypatch):
     from tinyloop.bench import interference
     machine = iter([(1000, 4000), (1300, 4400)])          # 300 busy ticks of 400 elapsed over all CPUs

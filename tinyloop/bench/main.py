@@ -44,20 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "model was converted from)")
     parser.add_argument("--llama-python", metavar="PATH", help="the Python interpreter that runs llama.cpp's worker "
                                                                "(one with llama-cpp-python; default: this one)")
-    parser.add_argument("--threads", type=int, default=threads_default(), metavar="N",
+    parser.add_argument("--threads", type=_positive_int, default=threads_default(), metavar="N",
                         help="llama.cpp threads (default: the CPUs this process may use)")
     parser.add_argument("--baseline", metavar="CHECKOUT", help="another TinyLoop checkout, measured side by side")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP comparison")
     parser.add_argument("--http-only", action="store_true", help="only the HTTP comparison")
-    parser.add_argument("--rounds", type=int, default=None, metavar="N",
+    parser.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
                         help="timed runs per figure (default 5, quick 3)")
-    parser.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--settle", type=_non_negative_float, default=None, metavar="SECONDS",
                         help="seconds of quiet before each run (default 0.3, quick 0.05)")
-    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=None, metavar="N",
+    parser.add_argument("--prompt-lengths", type=_positive_int, nargs="+", default=None, metavar="N",
                         help="prefill prompt lengths (default 32 128 512, quick 32 128)")
-    parser.add_argument("--context", type=int, default=None, metavar="N",
+    parser.add_argument("--context", type=_positive_int, default=None, metavar="N",
                         help="prompt tokens before generation (default 128, quick 64)")
-    parser.add_argument("--decode-tokens", type=int, default=None, metavar="N",
+    parser.add_argument("--decode-tokens", type=_positive_int, default=None, metavar="N",
                         help="tokens per generation (default 64, quick 16)")
     parser.add_argument("--loops", type=int, nargs="+", default=None, metavar="N",
                         help="loop counts for decode (default: the model's fewest, default and up to twice default)")
@@ -67,10 +67,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-speculative", action="store_true", help="skip speculative and tree decoding")
     parser.add_argument("--kv-cache", nargs="+", default=None, choices=KV_MODES, metavar="MODE",
                         help=f"also measure these KV cache modes ({', '.join(KV_MODES)})")
-    parser.add_argument("--device", default=None,
+    parser.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
                         help="TinyLoop's device: auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     parser.add_argument("--cache-dir", default=os.environ.get("TMPDIR", "/tmp"), metavar="DIR",
                         help="where preset:NAME models are written (default $TMPDIR or /tmp)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _setting(text: str) -> tuple:
@@ -118,6 +138,7 @@ def run(args) -> int:
         check_matplotlib()                       # before minutes of measuring, not after
     if args.no_http and args.http_only:
         raise TinyLoopError("--no-http and --http-only exclude each other")
+    check_paths(args)
     if args.load:
         try:
             report = json.loads(Path(args.load).read_text())
@@ -140,6 +161,24 @@ def run(args) -> int:
     if args.save:
         Path(args.save).write_text(json.dumps(report, indent=2))
     return _output(report, args)
+
+
+def check_paths(args) -> None:
+    """The files and folders named on the command line, checked before minutes of measuring
+    (a typo found after the run would throw the run away, or measure the wrong thing)."""
+    for flag, target in (("--plot", args.plot), ("--save", args.save)):
+        if target and not Path(target).resolve().parent.is_dir():
+            raise TinyLoopError(f"{flag} {target}: the folder {Path(target).resolve().parent} does not exist")
+    if args.load:
+        return
+    if args.baseline and not (Path(args.baseline) / "tinyloop" / "__init__.py").is_file():
+        # without this a missing checkout would fall back to the installed tinyloop and
+        # quietly measure this very code as its own baseline
+        raise TinyLoopError(f"--baseline {args.baseline}: not a TinyLoop checkout (no tinyloop/__init__.py there)")
+    if args.gguf and not Path(args.gguf).is_file():
+        raise TinyLoopError(f"--gguf {args.gguf}: file not found")
+    if args.llama_python and not os.access(args.llama_python, os.X_OK):
+        raise TinyLoopError(f"--llama-python {args.llama_python}: not an executable file")
 
 
 def _output(report: dict, args) -> int:

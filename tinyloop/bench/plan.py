@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tinyloop.errors import TinyLoopError
+from tinyloop.limits import MAX_BRANCHES, MAX_DRAFT_AHEAD, MAX_TREE_NODES
 
 
 @dataclass
@@ -80,9 +81,12 @@ def make_settings(args, info: dict) -> Settings:
     else:
         speculative = args.speculative if args.speculative is not None else default_speculative(info, loops, quick)
         for d, v, ahead, k in speculative:
-            if not (info["min_loops"] <= d < v <= info["max_loops"] and ahead >= 1 and k >= 1):
+            if not (info["min_loops"] <= d < v <= info["max_loops"] and 1 <= ahead <= MAX_DRAFT_AHEAD
+                    and 1 <= k <= MAX_BRANCHES and k * ahead <= MAX_TREE_NODES):
                 raise TinyLoopError(f"--speculative {d},{v},{ahead},{k}: needs min_loops <= D < V <= max_loops "
-                                    f"([{info['min_loops']}, {info['max_loops']}] here), AHEAD >= 1 and K >= 1")
+                                    f"([{info['min_loops']}, {info['max_loops']}] here), 1 <= AHEAD <= "
+                                    f"{MAX_DRAFT_AHEAD}, 1 <= K <= {MAX_BRANCHES} and K x AHEAD <= "
+                                    f"{MAX_TREE_NODES}")
     return Settings(quick=quick, rounds=args.rounds or (3 if quick else 5), warmup=1,
                     min_seconds=0.05 if quick else 0.25, settle=args.settle if args.settle is not None else
                     (0.05 if quick else 0.3), prompt_lengths=lengths, context=context,

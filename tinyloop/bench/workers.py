@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tinyloop.errors import TinyLoopError
+
 ROOT = Path(__file__).resolve().parents[2]        # the checkout (or site-packages) holding tinyloop/
 
 
-class WorkerError(RuntimeError):
-    pass
+class WorkerError(TinyLoopError):
+    """A measurement failed in a worker process: reported as one line, like every CLI error."""
 
 
 class Worker:
