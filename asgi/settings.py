@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinyloop.env import env_flag, env_number
+from tinyloop.errors import TinyLoopError
 from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 
 
@@ -16,6 +17,16 @@ def _int(name: str, default: int, low: int) -> int:
 def _seconds(name: str, default: float) -> float:
     return env_number(os.environ, name, default, float, "a number of seconds",
                       lambda n: 0 <= n < float("inf"), ">= 0 seconds")
+
+
+def _device() -> str | None:
+    """TINYLOOP_DEVICE, its name checked at start: a typo is a startup error, not a server
+    that comes up answering 503 to everything (whether CUDA is there is checked at load)."""
+    from tinyloop.backends.select import DEVICES
+    value = os.environ.get("TINYLOOP_DEVICE") or None
+    if value is not None and value.lower() not in DEVICES:
+        raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {value!r}")
+    return value
 
 
 def default_state_dir() -> Path:
@@ -49,7 +60,7 @@ class Settings:
             max_body_bytes=_int("TINYLOOP_MAX_BODY_BYTES", 1 << 20, 1024),
             exit_on_failure=env_flag(os.environ, "TINYLOOP_EXIT_ON_FAILURE"),
             commit=os.environ.get("TINYLOOP_COMMIT") or None,
-            device=os.environ.get("TINYLOOP_DEVICE") or None,
+            device=_device(),
             kv_mode=kv_mode_from_env(),
             kv_budget_bytes=kv_budget_from_env(),
             drain_timeout_s=_seconds("TINYLOOP_DRAIN_TIMEOUT", 30.0),

@@ -65,7 +65,8 @@ def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(cuda_device, "cuda_unavailable", lambda: "CuPy is not installed")
     assert main(["info", str(path), "--loops", "2", "--context", "64", "--device", "cuda"]) == 0
     out = capsys.readouterr().out
-    assert "on the cuda backend" in out and "fp16       192 bytes per token per layer instance,      768 per token" in out
+    assert "on the cuda backend" in out
+    assert "fp16       192 bytes per token per layer instance,      768 per token" in out
 
 
 SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
@@ -96,9 +97,16 @@ def serve_settings(tmp_path, monkeypatch):
     def run(*flags, **env):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        assert main(["serve", "--model", str(path), *flags]) == 0
+        assert main(["serve", "--model", str(path), "--port", str(free_port()), *flags]) == 0
         return Settings.from_env()
     return run
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_serve_flags_default_to_their_variables(serve_settings, tmp_path):
@@ -146,3 +154,83 @@ def test_numeric_settings_name_the_variable_and_the_rule(monkeypatch, name, valu
     with pytest.raises(TinyLoopError) as error:
         Settings.from_env()
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--port", "0"], "--port: expected a TCP port, 1-65535, got '0'"),
+    (["--port", "65536"], "--port: expected a TCP port, 1-65535, got '65536'"),
+    (["--port", "-1"], "--port: expected a TCP port"),
+    (["--port", "http"], "--port: expected a TCP port"),
+    (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
+    (["--host", "999.1.1.1"], "--host 999.1.1.1: not an IP address, and the name does not resolve"),
+    (["--host", "no-such-host.invalid"], "--host no-such-host.invalid: not an IP address"),
+])
+def test_serve_refuses_bad_flags_in_one_line_before_starting(serve_settings, capsys, tmp_path, flags, message):
+    """Each was a Python traceback from Granian (port out of range, a host name) or a
+    server that came up answering 503 to everything (a misspelt device)."""
+    path = tmp_path / "m.tinyloop"
+    try:
+        code = main(["serve", "--model", str(path), *flags])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_serve_binds_a_host_name_as_its_address(serve_settings, monkeypatch):
+    import granian
+    seen = {}
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+
+        def serve(self):
+            pass
+    monkeypatch.setattr(granian, "Granian", Recorder)
+    serve_settings("--host", "localhost")
+    assert seen["address"] in ("127.0.0.1", "::1")
+
+
+def test_serve_refuses_a_port_another_server_listens_on(serve_settings, capsys, tmp_path):
+    """Granian's listener sets SO_REUSEPORT: without the check a second server started on a
+    busy port and silently shared its connections with the first."""
+    import socket
+    path = tmp_path / "m.tinyloop"
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)    # as Granian's own listener
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert main(["serve", "--model", str(path), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in err
+    assert serve_settings("--port", str(port)) is not None     # free again once the other has gone
+
+
+def test_a_misspelt_device_variable_is_a_startup_error(monkeypatch):
+    from asgi.settings import Settings
+    from tinyloop.errors import TinyLoopError
+    monkeypatch.setenv("TINYLOOP_DEVICE", "gpu")
+    with pytest.raises(TinyLoopError, match="TINYLOOP_DEVICE must be one of auto, cpu, cuda, got 'gpu'"):
+        Settings.from_env()
+    monkeypatch.setenv("TINYLOOP_DEVICE", "CUDA")           # names are case-blind, as the backend reads them
+    assert Settings.from_env().device == "CUDA"
+
+
+@pytest.mark.parametrize("command", [
+    ["new-model", "{missing}/x.tinyloop"],
+    ["info", "{model}", "--context", "-5"],
+    ["info", "{model}", "--device", "tpu"],
+])
+def test_more_bad_arguments_are_one_line(tmp_path, capsys, command):
+    model = tmp_path / "m.tinyloop"
+    assert main(["new-model", str(model)]) == 0
+    argv = [part.format(missing=tmp_path / "missing", model=model) for part in command]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.strip(), err
+    assert not list((tmp_path).glob("**/*.partial"))

@@ -4,8 +4,45 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tinyloop.backends.select import DEVICES
 from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, 1-65535, got {text!r}")
+    return value
+
+
+def bind_address(host: str) -> str:
+    """--host as the IP address Granian binds: an address as given, a name (localhost, this
+    host's name) resolved once, here, so that a typo is an error before anything starts."""
+    import ipaddress
+    import socket
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError) as exc:
+        raise TinyLoopError(f"--host {host}: not an IP address, and the name does not resolve "
+                            f"({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def _loops_arg(text: str):
@@ -139,6 +176,22 @@ def cmd_new_model(args) -> int:
     return 0
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on. Granian's listener sets SO_REUSEPORT, so
+    a second server on a busy port would start and silently share its connections with
+    the first; a plain bind (SO_REUSEADDR only, which still fails on a listening socket)
+    tells the two cases apart before anything starts."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise TinyLoopError(f"cannot listen on {host} port {port}: {exc.strerror or exc} "
+                                "(another server there? pick another --port)") from None
+
+
 def is_loopback(host: str) -> bool:
     """Whether an address to bind reaches this machine only (127.0.0.0/8, ::1, localhost)."""
     import ipaddress
@@ -159,6 +212,8 @@ def cmd_serve(args) -> int:
     from asgi.auth import load_or_create_key
     from asgi.settings import Settings, default_state_dir
 
+    host = bind_address(args.host)
+    check_port_free(host, args.port)
     model = args.model or os.environ.get("TINYLOOP_MODEL_PATH")
     if not model:
         from tinyloop.convert.pull import ensure_default_model
@@ -190,13 +245,14 @@ def cmd_serve(args) -> int:
     else:
         _, key_file = load_or_create_key(settings.state_dir or default_state_dir())
         auth = f"API key in {key_file} (send it as 'Authorization: Bearer <key>')"
-    if not settings.auth and not is_loopback(args.host):
-        print(f"tinyloop serve: WARNING: binding {args.host} (not loopback) with authentication OFF: anyone "
+    if not settings.auth and not is_loopback(host):
+        print(f"tinyloop serve: WARNING: binding {host} (not loopback) with authentication OFF: anyone "
               "who can reach this address can use the server; drop --no-auth or bind 127.0.0.1", file=sys.stderr)
     print(f"tinyloop serve: model {env['TINYLOOP_MODEL_PATH']}", file=sys.stderr)
-    print(f"tinyloop serve: http://{args.host}:{args.port}/v1 (OpenAI), /api/v0, /generate; {auth}",
+    shown = f"[{host}]" if ":" in host else host
+    print(f"tinyloop serve: http://{shown}:{args.port}/v1 (OpenAI), /api/v0, /generate; {auth}",
           file=sys.stderr)
-    Granian("asgi.app:app", address=args.host, port=args.port, interface=Interfaces.ASGI, workers=1,
+    Granian("asgi.app:app", address=host, port=args.port, interface=Interfaces.ASGI, workers=1,
             log_level=args.log_level).serve()
     return 0
 
@@ -286,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-window", type=int, default=0, help="attend to the last N positions only (0 = all)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end the output right before TEXT (repeatable; matched across token boundaries)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    p.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
+                   help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI, LM Studio-style and native APIs)",
@@ -297,14 +354,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "else the default model, pulled on first use)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only; "
                    "another address with --no-auth prints a warning)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests that may wait while one generates; more get 429 "
                         "(default: $TINYLOOP_MAX_WAITING or 8)")
     p.add_argument("--no-auth", action="store_true", help="turn API-key authentication off")
     p.add_argument("--state-dir", default=None, help="where the API key file lives "
                                                     "(default $XDG_STATE_HOME/tinyloop)")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    p.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
+                   help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     p.add_argument("--exit-on-failure", action="store_true",
                    help="exit the worker after an engine failure so a supervisor restarts it")
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
@@ -332,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stride", type=int, default=256, help="tokens between window starts (default 256)")
     p.add_argument("--loops", type=int, default=None, help="loop count (default: the model's default)")
     p.add_argument("--max-tokens", type=int, default=None, help="only the first N tokens of the text")
-    p.add_argument("--device", default=None, help="auto, cpu or cuda")
+    p.add_argument("--device", default=None, type=str.lower, choices=DEVICES, help="auto, cpu or cuda")
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,
                    help="KV cache mode (default: $TINYLOOP_KV_CACHE or fp16)")
     p.set_defaults(func=cmd_eval_ppl)
@@ -374,9 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print a .tinyloop file's config, quantization, tensors and size.")
     p.add_argument("model", help="path of a .tinyloop model file")
     p.add_argument("--loops", type=int, default=None, help="loops for the KV cache figures")
-    p.add_argument("--context", type=int, default=None, help="context for the KV cache figures "
+    p.add_argument("--context", type=positive_int, default=None, help="context for the KV cache figures "
                                                              "(default: the model's max_seq_len)")
-    p.add_argument("--device", default=None, help="the backend whose KV storage to size: auto, cpu or cuda "
+    p.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
+                   help="the backend whose KV storage to size: auto, cpu or cuda "
                                                    "(default: $TINYLOOP_DEVICE or auto)")
     p.set_defaults(func=cmd_info)
 

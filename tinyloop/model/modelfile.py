@@ -138,6 +138,10 @@ def write_streaming(path, metadata: dict, specs: list, produce, on_tensor=None) 
             f.seek(hash_at)
             f.write(digest.hexdigest().encode())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        # a missing folder, a full disk, no permission: the user's to fix, said in one line
+        raise ModelFileError(path, f"cannot write: {exc.strerror or exc}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
