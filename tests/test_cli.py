@@ -234,3 +234,38 @@ def test_more_bad_arguments_are_one_line(tmp_path, capsys, command):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.strip(), err
     assert not list((tmp_path).glob("**/*.partial"))
+
+
+def test_quantize_refuses_to_overwrite_its_input_and_a_damp_that_is_not_positive(tmp_path, capsys):
+    import hashlib
+    model = tmp_path / "m.tinyloop"
+    assert main(["new-model", str(model)]) == 0
+    before = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert main(["quantize", str(model), str(model), "--bits", "8", "--method", "rtn"]) == 2
+    assert "OUT is IN" in capsys.readouterr().err
+    assert hashlib.sha256(model.read_bytes()).hexdigest() == before           # untouched
+    for damp in ("0", "-1", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["quantize", str(model), str(tmp_path / "q.tinyloop"), "--bits", "8", "--damp", damp])
+        assert exit_.value.code == 2 and "--damp: expected a number > 0" in capsys.readouterr().err
+
+
+def test_gptq_on_a_hessian_that_damping_cannot_fix_says_what_to_do():
+    """It was numpy's LinAlgError traceback from `tinyloop quantize`."""
+    import numpy as np
+
+    from tinyloop.errors import TinyLoopError
+    from tinyloop.quantize.gptq import gptq_quantize
+    weight = np.ones((4, 32), np.float32)
+    hessian = np.eye(32, dtype=np.float64)
+    hessian[0, 1] = hessian[1, 0] = 3.0            # eigenvalues -2 and 4: indefinite
+    with pytest.raises(TinyLoopError, match="not positive definite.*raise --damp"):
+        gptq_quantize(weight, hessian, 8, 32, damp=0.01)
+
+
+def test_new_model_seed_and_convert_folder_are_checked(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["new-model", str(tmp_path / "n.tinyloop"), "--seed", "-1"])
+    assert exit_.value.code == 2 and "--seed: expected a whole number >= 0" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path), str(tmp_path / "o.tinyloop")]) == 2
+    assert "a folder without config.json: not a Hugging Face checkpoint" in capsys.readouterr().err

@@ -19,6 +19,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     try:
         value = int(text)
@@ -285,8 +305,12 @@ def cmd_eval_ppl(args) -> int:
 
 
 def cmd_quantize(args) -> int:
+    import os
+
     from tinyloop.quantize.pipeline import quantize_file
 
+    if os.path.exists(args.output) and os.path.samefile(args.input, args.output):
+        raise TinyLoopError(f"OUT is IN ({args.output}): write the quantized model to another path")
     text = None
     if args.calibration:
         try:
@@ -301,11 +325,16 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    import os
+
     from tinyloop.convert.from_gguf import convert_gguf
     from tinyloop.convert.from_hf import convert_hf, is_hf_checkpoint
 
     if is_hf_checkpoint(args.input):
         config = convert_hf(args.input, args.output, progress=not args.quiet)
+    elif os.path.isdir(args.input):
+        raise TinyLoopError(f"{args.input}: a folder without config.json: not a Hugging Face checkpoint "
+                            "(convert takes a GGUF file or a checkpoint folder)")
     else:
         config = convert_gguf(args.input, args.output, progress=not args.quiet)
     stages = f"{config.n_prelude}+{config.n_core}x{config.default_loops}+{config.n_coda}" \
@@ -411,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None,
                    help="calibration sequence length (default 512, or the model's context if shorter)")
     p.add_argument("--loops", type=int, default=None, help="loops to calibrate at (default: the model's)")
-    p.add_argument("--damp", type=float, default=0.01, help="GPTQ damping, times the mean diagonal")
+    p.add_argument("--damp", type=positive_float, default=0.01, help="GPTQ damping, times the mean diagonal "
+                   "(> 0; raise it, e.g. to 0.1, if a layer's Hessian is reported not positive definite)")
     p.add_argument("--quantize-embeddings", action="store_true", help="also quantize embeddings and head (RTN)")
     p.set_defaults(func=cmd_quantize)
 
@@ -450,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "BPE tokenizer. Presets: " + ", ".join(PRESETS))
     p.add_argument("output", help="path of the .tinyloop file to write")
     p.add_argument("--preset", default="tiny-looped", help="model shape (default tiny-looped)")
-    p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="weight seed (default 0)")
     p.add_argument("--dtype", choices=("f32", "f16"), default="f32", help="stored weight type")
     p.set_defaults(func=cmd_new_model)
     return parser

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinyloop.errors import TinyLoopError
 from tinyloop.model.quant import QuantizedTensor, check_layout, pack_codes, pad_columns
 
 
@@ -45,7 +46,12 @@ def gptq_quantize(weight: np.ndarray, hessian: np.ndarray, bits: int, group_size
     perm = np.argsort(-np.diag(H), kind="stable") if act_order else np.arange(in_dim)
     W, H = W[:, perm], H[perm][:, perm]
     H[np.diag_indices(in_dim)] += damp * np.mean(np.diag(H))
-    U = np.linalg.cholesky(np.linalg.inv(H)).T                        # H^-1 = U^T U, U upper
+    try:
+        U = np.linalg.cholesky(np.linalg.inv(H)).T                    # H^-1 = U^T U, U upper
+    except np.linalg.LinAlgError:
+        raise TinyLoopError(f"GPTQ: a {out_dim}x{in_dim} weight's Hessian is not positive definite even after "
+                            f"damping by {damp} x its mean diagonal: raise --damp (e.g. 0.1) or give more "
+                            "calibration text") from None
 
     codes = np.zeros((out_dim, in_dim), np.uint8)
     groups = in_dim // group_size
