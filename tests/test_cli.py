@@ -146,6 +146,7 @@ def test_serve_defaults_without_flags_or_variables(serve_settings):
     ("TINYLOOP_MAX_WAITING", "many", "TINYLOOP_MAX_WAITING must be an integer, got 'many'"),
     ("TINYLOOP_MAX_BODY_BYTES", "100", "TINYLOOP_MAX_BODY_BYTES must be >= 1024, got '100'"),
     ("TINYLOOP_DRAIN_TIMEOUT", "soon", "TINYLOOP_DRAIN_TIMEOUT must be a number of seconds, got 'soon'"),
+    ("TINYLOOP_CUDA_GRAPHS", "maybe", "TINYLOOP_CUDA_GRAPHS must be 1 or 0, got 'maybe'"),     # was "on"
 ])
 def test_numeric_settings_name_the_variable_and_the_rule(monkeypatch, name, value, message):
     from asgi.settings import Settings

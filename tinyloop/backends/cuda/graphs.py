@@ -24,12 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.env import env_flag
 from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.model.plan import build_plan
 
 
 def graphs_enabled() -> bool:
-    return os.environ.get("TINYLOOP_CUDA_GRAPHS", "1") not in ("0", "false", "no")
+    """TINYLOOP_CUDA_GRAPHS: on unless 0/false/no/off; a typo is an error (asgi/settings.py
+    checks it at start), empty means unset."""
+    return env_flag({k: v for k, v in os.environ.items() if k == "TINYLOOP_CUDA_GRAPHS" and v},
+                    "TINYLOOP_CUDA_GRAPHS", True)
 
 
 @dataclass
