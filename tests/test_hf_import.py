@@ -66,6 +66,20 @@ def test_greedy_tokens_equal_the_reference(converted, layout):
     assert result.tokens == expected
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_cuda_backend_matches_the_reference_too(converted, layout):
+    """The CUDA kernels on each layout (run by the CPU harness here, on the GPU under
+    TINYLOOP_TEST_DEVICE=cuda): within 1e-4 of the reference at the first two loop counts."""
+    from test_cuda_backend import cuda_backend
+    model = load_model(converted[layout], cuda_backend(), kv_mode="fp32").model
+    data = golden(layout)
+    prompt = [int(t) for t in data["prompt"]]
+    for loops, reference in list(zip(data["loops"], data["logits"]))[:2]:
+        ours = prompt_logits(model, prompt, int(loops))
+        assert np.abs(ours - reference).max() <= TOLERANCE, (layout, loops, np.abs(ours - reference).max())
+        assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
+
+
 @pytest.mark.parametrize("layout", ("huginn", "retrofit"))
 def test_a_zero_initial_state_matches_too(converted, layout):
     """The random initial state is ours (seeded per position); from a zero state the
