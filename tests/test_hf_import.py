@@ -209,6 +209,8 @@ def edit_config(directory: Path, **changes):
     ("huginn", {"injection_type": "add"}, "injection_type"),
     ("retrofit", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling"),
     ("retrofit", {"initial_state_mode": "skip-adapter"}, "initial_state_mode"),
+    ("retrofit", {"injection_type": "add"}, "injection_type"),
+    ("retrofit", {"lookup_strategy": "latest-m4"}, "KV sharing"),
     ("retrofit", {"head_dim": 16}, "head_dim 16"),
     ("retrofit", {"qk_bias": True}, "qk_bias with grouped-query attention"),
     ("retrofit", {"test_time_noise": 0.1}, "test_time_noise"),
