@@ -6,6 +6,8 @@ import threading
 from collections import Counter
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# core loops per token under adaptive depth: Ouro's 1-4 one by one, then up to MAX_LOOPS_LIMIT
+LOOPS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 class Metrics:
@@ -19,6 +21,7 @@ class Metrics:
         self.ttft_buckets = [0] * len(TTFT_BUCKETS)
         self.ttft_sum = 0.0
         self.ttft_count = 0
+        self.loops_used = Counter()          # loops "auto": depth -> generated tokens that ran it
         self.spec_rounds = 0
         self.spec_drafted = 0
         self.spec_accepted = 0
@@ -56,6 +59,7 @@ class Metrics:
                 self.spec_rounds += result.speculative.rounds
                 self.spec_drafted += result.speculative.drafted
                 self.spec_accepted += result.speculative.accepted
+            self.loops_used.update(result.loops_used or ())     # only adaptive-depth generations record depths
 
     def on_first_token(self, seconds: float) -> None:
         with self._lock:
@@ -101,6 +105,16 @@ class Metrics:
                 lines.append(f'tinyloop_time_to_first_token_seconds_bucket{{le="{labels["le"]}"}} {value}')
             lines.append(f"tinyloop_time_to_first_token_seconds_sum {self.ttft_sum:.6f}")
             lines.append(f"tinyloop_time_to_first_token_seconds_count {self.ttft_count}")
+            name = "tinyloop_adaptive_loops_per_token"
+            lines.append(f"# HELP {name} Core loops each generated token ran under loops \"auto\" (adaptive "
+                         "depth; a generation's first token comes from the full-depth prefill).")
+            lines.append(f"# TYPE {name} histogram")
+            for bound in LOOPS_BUCKETS:
+                below = sum(n for depth, n in self.loops_used.items() if depth <= bound)
+                lines.append(f'{name}_bucket{{le="{bound}"}} {below}')
+            lines.append(f'{name}_bucket{{le="+Inf"}} {sum(self.loops_used.values())}')
+            lines.append(f"{name}_sum {sum(d * n for d, n in self.loops_used.items())}")
+            lines.append(f"{name}_count {sum(self.loops_used.values())}")
             metric("tinyloop_speculative_rounds_total", "counter", "Speculative draft-verify rounds.",
                    [({}, self.spec_rounds)])
             metric("tinyloop_speculative_drafted_tokens_total", "counter", "Draft tokens proposed.",

@@ -19,7 +19,7 @@ from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.model.loader import load_model
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf"
-THRESHOLDS = {"ouro": (1.0, 0.9, 0.5, 0.1), "huginn": (1e-3, 1e-2, 0.1, 1.0)}
+THRESHOLDS = {"ouro": (1.0, 0.9, 0.5, 0.1), "huginn": (1e-3, 1e-2, 0.1, 1.0), "retrofit": (1e-3, 1e-2, 0.1, 1.0)}
 PROMPT = "The looped transformer thinks again and"
 
 
@@ -40,7 +40,7 @@ def main():
                 decoded = result.loops_used[1:]          # the first token comes from the full-depth prefill
                 depths, counts = np.unique(decoded, return_counts=True)
                 histogram = ", ".join(f"{int(d)}: {int(n)}" for d, n in zip(depths, counts))
-                print(f"{layout:7s} {criterion:8s} threshold {threshold:<6g} mean loops {np.mean(decoded):.2f} "
+                print(f"{layout:8s} {criterion:8s} threshold {threshold:<6g} mean loops {np.mean(decoded):.2f} "
                       f"of {loaded.config.default_loops}  histogram {{{histogram}}}")
 
 

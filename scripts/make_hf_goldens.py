@@ -6,7 +6,7 @@ venv), with the public modeling files fetched beside it (tests/data/README.md sa
 exactly which and how):
 
     /tmp/refvenv/bin/python scripts/make_hf_goldens.py --ouro-ref /tmp/ouro_ref \
-        --raven-ref /tmp/raven_ref --out tests/data/hf
+        --raven-ref /tmp/raven_ref --retrofit-ref /tmp/retro_ref --out tests/data/hf
 
 Per layout it writes DIR/{config.json, tokenizer.json, tokenizer_config.json,
 safetensors...} and DIR/golden.npz: the prompt ids, the reference's logits of the
@@ -35,6 +35,7 @@ from tinyloop.model.testmodels import train_tokenizer  # noqa: E402
 
 PROMPT = "The looped transformer thinks again and"
 GREEDY_TOKENS = 12
+LAYOUTS = ("llama", "ouro", "huginn", "retrofit")
 HUGINN_SPECIALS = ["<|begin_text|>", "<|begin_header|>", "<|end_header|>", "<|end_turn|>", "<|end_text|>"]
 
 
@@ -73,13 +74,17 @@ def round_to(model: torch.nn.Module, dtype) -> None:
             param.copy_(param.to(dtype).to(torch.float32))
 
 
-def write_tokenizer(out: Path, template: str, specials=(), bos: str | None = None, eos: str = "<|endoftext|>"):
+def write_tokenizer(out: Path, template: str | None, specials=(), bos: str | None = None,
+                    eos: str = "<|endoftext|>"):
+    """template None: no chat_template key at all (a base model's tokenizer)."""
     tokenizer = train_tokenizer()
     if specials:
         tokenizer.add_special_tokens(list(specials))
     (out / "tokenizer.json").write_text(tokenizer.to_str())
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template, "eos_token": eos,
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
               "add_bos_token": bos is not None, "bos_token": bos}
+    if template is not None:
+        config["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return tokenizer
 
@@ -240,17 +245,94 @@ def make_huginn(out: Path, reference: Path) -> None:
                         greedy_loops=np.array([4]), state_seed=np.array([0]))
 
 
+# -------------------------------------------------------------------------- retrofitted
+RETROFIT_SPECIALS = ["<unk>", "<s>", "</s>"]        # TinyLlama's (Llama 2's) special tokens
+
+
+def retrofit_config_json(tokenizer) -> dict:
+    """config.json as the authors' convert_llama.py leaves it: Huginn-0125's config with the
+    Llama's shapes written over it (GQA, head_dim, rope_theta, untied head, init_values'
+    embed_scale set to 1 while std stays Huginn's), saved under Huginn's class names. The
+    tiny model: prelude 1, core 2, coda 2; rope_base is left at a value the Llama modeling
+    never reads, so a converter reading it instead of rope_theta fails the goldens."""
+    huginn_std = (2 / (5 * 5280)) ** 0.5
+    return dict(
+        architectures=["RavenForCausalLM"], model_type="huginn_raven",
+        auto_map={"AutoConfig": "raven_config_minimal.RavenConfig",
+                  "AutoModelForCausalLM": "raven_modeling_minimal.RavenForCausalLM"},
+        n_embd=32, n_heads=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, n_layers=5,
+        block_size=4096, vocab_size=tokenizer.get_vocab_size(), padded_vocab_size=tokenizer.get_vocab_size(),
+        padding_multiple=4096, tie_embeddings=False, tie_word_embeddings=False, intermediate_size=64,
+        bias=False, architecture_class_name="RecurrentGPT", block_class_name="SandwichBlock",
+        norm_class_name="RMSNorm_llama", norm_eps=1e-5, mlp_class_name="GatedMLP", nonlin_name="SiLU",
+        init_strategy="takase", init_orthogonal=False, state_init="like-init", injection_type="linear",
+        n_layers_in_recurrent_block=2, mean_recurrence=32, sampling_scheme="poisson-lognormal-filling",
+        mean_backprop_depth=8, n_layers_in_prelude=1, n_layers_in_coda=2, qk_bias=False,
+        activation_checkpoint_impl="per-iteration", rope_base=500000.0, rope_theta=10000.0,
+        max_position_embeddings=256, torch_dtype="bfloat16", test_time_noise=0, test_time_noise_type="fixed",
+        init_values={"std": huginn_std, "out_proj": huginn_std / (2 * 132) ** 0.5, "embedding": huginn_std,
+                     "embed_scale": 1.0},
+        bos_token_id=tokenizer.token_to_id("<s>"), eos_token_id=tokenizer.token_to_id("</s>"))
+
+
+def make_retrofit(out: Path, reference: Path) -> None:
+    modeling = load_package("retro_ref", reference, "raven_modeling_minimal")
+    config_module = importlib.import_module("retro_ref.raven_config_minimal")
+    out.mkdir(parents=True, exist_ok=True)
+    # TinyLlama's base tokenizer ships no chat template
+    tokenizer = write_tokenizer(out, None, specials=RETROFIT_SPECIALS, bos="<s>", eos="</s>")
+    hf = retrofit_config_json(tokenizer)
+    # Huginn's config class takes tie_embeddings only (the authors' README: drop tie_word_embeddings)
+    skip = ("architectures", "model_type", "auto_map", "tie_word_embeddings")
+    config = config_module.RavenConfig(**{k: v for k, v in hf.items() if k not in skip})
+    model = modeling.RavenForCausalLM(config).eval()
+    assert model.emb_scale == 1.0 and config.num_key_value_heads == 2     # the saved values won
+    randomise(model, 10)       # a seed whose greedy continuation varies (others repeat one token)
+    round_to(model, torch.bfloat16)
+    state = {n: p.detach().to(torch.bfloat16) for n, p in model.state_dict().items()}
+    save_safetensors(state, out)
+    (out / "config.json").write_text(json.dumps(hf, indent=1))
+    prompt = [tokenizer.token_to_id("<s>")] + tokenizer.encode(PROMPT).ids
+    std = hf["init_values"]["std"] * hf["init_values"]["embed_scale"]
+
+    def forward(ids, steps=4, noise=True):
+        state0 = initial_state(std if noise else 0.0, 0, np.arange(len(ids)), hf["n_embd"])
+        with torch.no_grad():
+            result = model(torch.tensor([ids]), input_states=torch.from_numpy(state0)[None], num_steps=steps)
+        return result.logits[0].float().numpy()
+    loops = np.array([1, 2, 4, 8, 32])
+    np.savez_compressed(out / "golden.npz", prompt=np.array(prompt), loops=loops,
+                        logits=np.stack([forward(prompt, int(n)) for n in loops]),
+                        logits_zero_state=forward(prompt, 4, noise=False)[None],
+                        greedy=np.array([greedy(lambda ids: forward(ids, 4), prompt, GREEDY_TOKENS)]),
+                        greedy_loops=np.array([4]), state_seed=np.array([0]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ouro-ref", type=Path, required=True, help="folder with Ouro's modeling_ouro.py")
-    parser.add_argument("--raven-ref", type=Path, required=True,
+    parser.add_argument("--ouro-ref", type=Path, help="folder with Ouro's modeling_ouro.py")
+    parser.add_argument("--raven-ref", "--huginn-ref", dest="raven_ref", type=Path,
                         help="folder with raven_modeling_minimal.py and raven_config_minimal.py")
+    parser.add_argument("--retrofit-ref", type=Path,
+                        help="folder with the retrofitted-recurrence raven_modeling_minimal.py (the Llama one) "
+                             "and Huginn's raven_config_minimal.py")
     parser.add_argument("--out", type=Path, default=ROOT / "tests/data/hf")
+    parser.add_argument("--only", choices=LAYOUTS, action="append",
+                        help="write only these layouts (repeatable); default: all")
     args = parser.parse_args()
     torch.manual_seed(0)
-    make_llama(args.out / "llama")
-    make_ouro(args.out / "ouro", args.ouro_ref)
-    make_huginn(args.out / "huginn", args.raven_ref)
+    only = set(args.only or LAYOUTS)
+    for layout, folder in (("ouro", args.ouro_ref), ("huginn", args.raven_ref), ("retrofit", args.retrofit_ref)):
+        if layout in only and folder is None:
+            parser.error(f"the {layout} layout needs its reference folder (--{layout}-ref)")
+    if "llama" in only:
+        make_llama(args.out / "llama")
+    if "ouro" in only:
+        make_ouro(args.out / "ouro", args.ouro_ref)
+    if "huginn" in only:
+        make_huginn(args.out / "huginn", args.raven_ref)
+    if "retrofit" in only:
+        make_retrofit(args.out / "retrofit", args.retrofit_ref)
     print(f"wrote {args.out}")
 
 

@@ -195,6 +195,55 @@ def test_http_auto_loops_report_mean_and_histogram(app):
     assert plain.status == 200
 
 
+def loops_histogram(app) -> dict:
+    """/metrics' tinyloop_adaptive_loops_per_token samples: {"le=1": n, ..., "sum": s, "count": c}."""
+    text = run(call(app, "GET", "/metrics")).body.decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("tinyloop_adaptive_loops_per_token_"):
+            key, value = line.rsplit(" ", 1)
+            key = key.removeprefix("tinyloop_adaptive_loops_per_token_")
+            samples[key.replace('bucket{le="', "le=").rstrip('"}')] = float(value)
+    return samples
+
+
+def test_metrics_count_the_loops_of_every_auto_token(app):
+    """The Prometheus histogram grows by exactly the request's own loops_used histogram."""
+    before = loops_histogram(app)
+    body = {"model": "m", "prompt": "hello again", "max_tokens": 10, "temperature": 0, "loops": "auto",
+            "exit_threshold": 0.6}
+    response = post(app, "/api/v0/completions", body)
+    assert response.status == 200, response.body
+    used = {int(depth): n for depth, n in response.json()["stats"]["loops_used"]["histogram"].items()}
+    after = loops_histogram(app)
+    delta = {key: after[key] - before[key] for key in after}
+    assert delta["count"] == sum(used.values()) == response.json()["usage"]["completion_tokens"]
+    assert delta["sum"] == sum(depth * n for depth, n in used.items())
+    for bound in (1, 2, 3, 4, 6, 64):
+        assert delta[f"le={bound}"] == sum(n for depth, n in used.items() if depth <= bound), bound
+    assert delta["le=+Inf"] == delta["count"]
+    # fixed-depth generations add nothing
+    fixed = {key: value for key, value in body.items() if key != "exit_threshold"}
+    assert post(app, "/api/v0/completions", {**fixed, "loops": 2}).status == 200
+    assert loops_histogram(app) == after
+
+
+def test_metrics_histogram_text():
+    from types import SimpleNamespace
+
+    from asgi.metrics import Metrics
+    metrics = Metrics()
+    job = dict(prompt_tokens=3, completion_tokens=4, mode="plain", finish_reason="length", speculative=None)
+    metrics.on_job_done(SimpleNamespace(**job, loops_used=[4, 1, 2, 4, 40]))
+    metrics.on_job_done(SimpleNamespace(**job, loops_used=None))
+    lines = set(metrics.render(0, 0).splitlines())
+    name = "tinyloop_adaptive_loops_per_token"
+    buckets = {"1": 1, "2": 2, "3": 2, "4": 4, "6": 4, "32": 4, "48": 5, "64": 5, "+Inf": 5}
+    for le, count in buckets.items():
+        assert f'{name}_bucket{{le="{le}"}} {count}' in lines, le
+    assert {f"{name}_sum 51", f"{name}_count 5", f"# TYPE {name} histogram"} <= lines
+
+
 @pytest.mark.parametrize("path, body, status, param", [
     ("/api/v0/completions", {"loops": "deep"}, 422, "loops"),
     ("/api/v0/completions", {"loops": 0}, 400, "loops"),

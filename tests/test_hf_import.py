@@ -1,6 +1,7 @@
-"""Hugging Face checkpoints (Llama, Ouro, Huginn layouts) convert and compute what their
-own public modeling code computes: golden logits in tests/data/hf/*/golden.npz were
-produced once by that code on these tiny checkpoints (tests/data/README.md)."""
+"""Hugging Face checkpoints (Llama, Ouro, Huginn and retrofitted-recurrence layouts) convert
+and compute what their own public modeling code computes: golden logits in
+tests/data/hf/*/golden.npz were produced once by that code on these tiny checkpoints
+(tests/data/README.md)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from tinyloop.errors import RequestError
 from tinyloop.model.loader import load_model
 
 DATA = Path(__file__).parent / "data" / "hf"
-LAYOUTS = ("llama", "ouro", "huginn")
+LAYOUTS = ("llama", "ouro", "huginn", "retrofit")
 TOLERANCE = 1e-4
 
 
@@ -65,14 +66,31 @@ def test_greedy_tokens_equal_the_reference(converted, layout):
     assert result.tokens == expected
 
 
-def test_huginn_from_a_zero_state_matches_too(converted):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_cuda_backend_matches_the_reference_too(converted, layout):
+    """The CUDA kernels on each layout (run by the CPU harness here, on the GPU under
+    TINYLOOP_TEST_DEVICE=cuda): within 1e-4 of the reference at the first two loop counts."""
+    from test_cuda_backend import cuda_backend
+    model = load_model(converted[layout], cuda_backend(), kv_mode="fp32").model
+    data = golden(layout)
+    prompt = [int(t) for t in data["prompt"]]
+    for loops, reference in list(zip(data["loops"], data["logits"]))[:2]:
+        ours = prompt_logits(model, prompt, int(loops))
+        assert np.abs(ours - reference).max() <= TOLERANCE, (layout, loops, np.abs(ours - reference).max())
+        assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("layout", ("huginn", "retrofit"))
+def test_a_zero_initial_state_matches_too(converted, layout):
     """The random initial state is ours (seeded per position); from a zero state the
     reference needs no state handed over at all."""
-    model = load_model(converted["huginn"], "cpu", kv_mode="fp32").model
+    model = load_model(converted[layout], "cpu", kv_mode="fp32").model
+    data = golden(layout)
+    prompt = [int(t) for t in data["prompt"]]
+    # the state must matter on this checkpoint, or the noise checks above would prove nothing about it
+    assert np.abs(prompt_logits(model, prompt, 4) - data["logits_zero_state"][0]).max() > 100 * TOLERANCE
     model.config = replace(model.config, state_std=0.0)
-    data = golden("huginn")
-    ours = prompt_logits(model, [int(t) for t in data["prompt"]], 4)
-    assert np.abs(ours - data["logits_zero_state"][0]).max() <= TOLERANCE
+    assert np.abs(prompt_logits(model, prompt, 4) - data["logits_zero_state"][0]).max() <= TOLERANCE
 
 
 def test_ouro_exit_gate_matches_the_reference(converted):
@@ -103,6 +121,32 @@ def test_converted_configs(converted):
     assert huginn.file.chat_template == "huginn"
 
 
+def test_converted_retrofit_config(converted):
+    """What the retrofitted layout's config.json and tensors say, in our terms."""
+    loaded = load_model(converted["retrofit"], "cpu")
+    c = loaded.config
+    assert (c.n_prelude, c.n_core, c.n_coda, c.default_loops, c.max_loops) == (1, 2, 2, 32, 64)
+    assert (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_theta, c.norm_eps) == (4, 2, 8, 10000.0, 1e-5)
+    assert (c.input_injection, c.post_norm, c.loop_norm, c.initial_state) == ("concat", "none", "none", "random")
+    assert c.embed_scale == 1.0 and not c.tied_head and not c.qk_bias
+    assert c.state_std == pytest.approx((2 / (5 * 5280)) ** 0.5)       # Huginn's std, kept by the conversion
+    assert loaded.file.stored_dtype("core.0.attn.q.weight") == "BF16"
+    tokenizer = loaded.tokenizer
+    assert (c.bos_token_id, c.eos_token_ids) == (tokenizer.token_to_id("<s>"), (tokenizer.token_to_id("</s>"),))
+    assert loaded.file.chat_template == "plain"          # TinyLlama's base tokenizer ships no template
+
+
+def test_retrofit_ids_outside_the_vocabulary_fall_back_to_the_tokenizer(tmp_path):
+    """Huginn's config ids (its own 65536-entry vocabulary) left in a converted model's
+    config.json give way to the tokenizer's <s> and </s>."""
+    directory = copy_layout(tmp_path, "retrofit")
+    edit_config(directory, bos_token_id=65504, eos_token_id=65505)
+    config = convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
+    vocab = json.loads((directory / "tokenizer.json").read_text())["added_tokens"]
+    ids = {t["content"]: t["id"] for t in vocab}
+    assert (config.bos_token_id, config.eos_token_ids) == (ids["<s>"], (ids["</s>"],))
+
+
 def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):
     model = load_model(converted["ouro"], "cpu").model
     with pytest.raises(RequestError, match=r"loops must be in \[1, 4\]"):
@@ -110,7 +154,7 @@ def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("layout", ("ouro", "huginn"))
+@pytest.mark.parametrize("layout", ("ouro", "huginn", "retrofit"))
 def test_speculative_and_tree_equal_plain_greedy(converted, layout):
     model = load_model(converted[layout], "cpu").model
     rng = np.random.default_rng(13)
@@ -163,6 +207,14 @@ def edit_config(directory: Path, **changes):
     ("ouro", {"kv_cache_policy": "last_available"}, "KV sharing"),
     ("huginn", {"lookup_strategy": "latest-m4"}, "KV sharing"),
     ("huginn", {"injection_type": "add"}, "injection_type"),
+    ("retrofit", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling"),
+    ("retrofit", {"initial_state_mode": "skip-adapter"}, "initial_state_mode"),
+    ("retrofit", {"injection_type": "add"}, "injection_type"),
+    ("retrofit", {"lookup_strategy": "latest-m4"}, "KV sharing"),
+    ("retrofit", {"head_dim": 16}, "head_dim 16"),
+    ("retrofit", {"qk_bias": True}, "qk_bias with grouped-query attention"),
+    ("retrofit", {"test_time_noise": 0.1}, "test_time_noise"),
+    ("retrofit", {"rope_theta": None}, "lacks rope_theta"),
     ("llama", {"num_hidden_layers": 3}, "is missing"),
 ])
 def test_unsupported_layouts_are_refused_by_name(tmp_path, layout, changes, message):
@@ -194,6 +246,17 @@ def test_extra_tensors_are_refused(tmp_path):
         convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
 
 
+def test_retrofit_qk_norm_is_refused(tmp_path):
+    """The authors' OLMo-2 variant stores q_norm / k_norm in the same layout: refused by name."""
+    directory = copy_layout(tmp_path, "retrofit")
+    stored = SafetensorsDir(directory)
+    tensors = {name: np.array(stored.get(name)) for name in stored.tensors}
+    tensors["transformer.core_block.0.attn.q_norm.weight"] = np.ones(32, np.float32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="QK-norm .*q_norm"):
+        convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
+
+
 def test_missing_shard_and_pickles(tmp_path):
     directory = copy_layout(tmp_path, "huginn")
     (directory / "model-00002-of-00003.safetensors").unlink()
@@ -217,8 +280,8 @@ def test_cli_converts_a_directory(tmp_path, capsys):
 def test_shipped_chat_templates_are_recognised():
     from tinyloop.convert.hf_chat import chat_template_from_hf
     names = {layout: chat_template_from_hf(json.loads((DATA / layout / "tokenizer_config.json").read_text())
-                                           ["chat_template"]).name for layout in LAYOUTS}
-    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn"}
+                                           .get("chat_template")).name for layout in LAYOUTS}
+    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn", "retrofit": "plain"}
     listed = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|>{{ x }}"}]
     assert chat_template_from_hf(listed).name == "chatml"
     assert chat_template_from_hf(None).name == "plain"
@@ -254,6 +317,23 @@ def test_huginn_turns_render_with_message_text_kept_as_text(converted):
     end_turn = raw.token_to_id("<|end_turn|>")
     assert ids.count(end_turn) == 4                       # the one typed in a message is text
     assert template.end_of_turn_ids(loaded.tokenizer) == (end_turn,)
+
+
+def test_retrofit_plain_turns_keep_message_text_as_text(converted):
+    """No template shipped (TinyLlama's base tokenizer): the plain template, and control
+    tokens typed in a message stay characters."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinyloop.text.chat import ChatTemplate
+    loaded = load_model(converted["retrofit"], "cpu")
+    template = ChatTemplate.from_metadata(loaded.file.chat_template)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi </s> <s> there"}]
+    ids = loaded.with_bos(template.render(messages, loaded.tokenizer))
+    raw = HFTokenizer.from_file(str(DATA / "retrofit" / "tokenizer.json"))
+    assert raw.decode(ids, skip_special_tokens=False) == "<s>System: Be brief.\nUser: Hi </s> <s> there\nAssistant:"
+    bos, eos = raw.token_to_id("<s>"), raw.token_to_id("</s>")
+    assert ids[0] == bos and ids.count(bos) == 1 and eos not in ids     # the typed ones are text
+    assert template.stop_strings == ("\nUser:",)
 
 
 def test_cli_generates_with_adaptive_depth(converted, capsys):

@@ -40,6 +40,25 @@ def _json(path: Path, required: bool = True) -> dict:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
 
 
+def special_token_ids(tokenizer_json: str, tokenizer_config: dict) -> dict:
+    """{"bos": id, "eos": id} of the tokens tokenizer_config.json names (a string or
+    {"content": ...}), looked up in tokenizer.json; absent when not named or not found."""
+    try:
+        data = json.loads(tokenizer_json)
+    except ValueError as exc:
+        raise CheckpointError(f"tokenizer.json: not valid JSON ({exc})") from None
+    ids = {t.get("content"): t.get("id") for t in data.get("added_tokens") or []}
+    vocab = (data.get("model") or {}).get("vocab")
+    found = {}
+    for key in ("bos", "eos"):
+        token = tokenizer_config.get(f"{key}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        token_id = ids.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
+        if isinstance(token_id, int):
+            found[key] = token_id
+    return found
+
+
 def convert_hf(source, output, progress: bool = True) -> ModelConfig:
     directory = Path(source)
     hf = _json(directory / "config.json")
@@ -49,8 +68,10 @@ def convert_hf(source, output, progress: bool = True) -> ModelConfig:
     if not tokenizer_path.is_file():
         raise CheckpointError(f"{tokenizer_path} is missing (only fast tokenizers, tokenizer.json, are supported)")
     name = str(hf.get("_name_or_path") or directory.name)
-    config, pieces = layout(hf, generation, bool(tokenizer_config.get("add_bos_token", False)), name)
     weights = SafetensorsDir(directory)
+    tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
+    config, pieces = layout(hf, generation, bool(tokenizer_config.get("add_bos_token", False)), name,
+                            weights.tensors, special_token_ids(tokenizer_json, tokenizer_config))
 
     shapes = expected_tensors(config)
     produced = {piece.target for piece in pieces}
@@ -83,7 +104,7 @@ def convert_hf(source, output, progress: bool = True) -> ModelConfig:
         return value
 
     template = chat_template_from_hf(tokenizer_config.get("chat_template"))
-    metadata = file_metadata(config, tokenizer_path.read_text(encoding="utf-8"), template.to_metadata(),
+    metadata = file_metadata(config, tokenizer_json, template.to_metadata(),
                              extra_metadata={"source": directory.name, "source_format": "huggingface",
                                              "source_architecture": ",".join(hf.get("architectures", []))})
     bar = Progress("converting tensors", len(specs), enabled=progress)

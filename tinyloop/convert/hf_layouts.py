@@ -5,17 +5,19 @@ Supported (config.json "architectures"):
 - LlamaForCausalLM: a standard transformer, one loop (SmolLM2 and friends).
 - OuroForCausalLM (ByteDance LoopLM): the whole stack looped total_ut_steps times,
   sandwich norms on each sublayer's output, the final norm between loops, an early-exit gate.
-- RavenForCausalLM (Huginn-0125 and retrofitted-recurrence models in its layout):
-  prelude / core / coda, noise initial state, concat adapter, sandwich norms of the sum,
-  fused Wqkv with per-head q/k bias, fused [gate | up], scaled tied embeddings.
+- RavenForCausalLM (Huginn-0125): prelude / core / coda, noise initial state, concat
+  adapter, sandwich norms of the sum, fused Wqkv with per-head q/k bias, fused
+  [gate | up], scaled tied embeddings.
+- RavenForCausalLM in the retrofitted-recurrence layout (a Llama cut into prelude / core /
+  coda, hf_retrofit.py): pre-norm Llama blocks in the same tensor names, GQA, Llama RoPE.
 
 Anything else, and any option of these layouts we do not implement, is refused by
 name rather than converted into a model that computes something else.
 
 RoPE: Llama and Ouro rotate dims (i, i + hd/2) together ("rotate half"); TinyLoop
 rotates interleaved pairs (2i, 2i + 1), so their q and k rows are permuted per head
-(scores are unchanged: q and k get the same permutation). Huginn already rotates
-interleaved pairs.
+(scores are unchanged: q and k get the same permutation); so are the retrofitted
+models'. Huginn already rotates interleaved pairs.
 """
 from __future__ import annotations
 
@@ -142,7 +144,9 @@ RAVEN_EXPECTED = {"block_class_name": "SandwichBlock", "norm_class_name": "RMSNo
                   "mlp_class_name": "GatedMLP", "nonlin_name": "SiLU", "injection_type": "linear"}
 
 
-def raven_config(hf, generation, add_bos, name) -> ModelConfig:
+def check_raven_options(hf: dict) -> None:
+    """Refuse the RavenConfig options (Huginn and the retrofitted layout share the class)
+    whose other values the published checkpoints do not use."""
     for key, expected in RAVEN_EXPECTED.items():
         _refuse_if(hf.get(key, expected) != expected, f"{key} {hf.get(key)!r} (only {expected!r})")
     _refuse_if(hf.get("state_init", "like-init") not in ("like-init", "zero"), f"state_init {hf.get('state_init')!r}")
@@ -150,10 +154,24 @@ def raven_config(hf, generation, add_bos, name) -> ModelConfig:
     _refuse_if(hf.get("lookup_strategy", "full") != "full",
                f"lookup_strategy {hf.get('lookup_strategy')!r} (KV sharing)")
     _refuse_if(hf.get("test_time_noise", 0), "test_time_noise")
+
+
+def raven_init_values(hf: dict, dim: int) -> tuple[float, float]:
+    """(initial-state std, embedding scale) as RavenConfig gives them: config.json's
+    `init_values` when saved there (it overrides the derived ones on loading: the
+    retrofitted models keep Huginn's std and set embed_scale 1), else std sqrt(2 / (5 dim))
+    and scale sqrt(dim). The state is drawn with that std, then scaled like the embeddings."""
+    values = hf.get("init_values") or {}
+    std = float(values.get("std", math.sqrt(2 / (5 * dim))))
+    scale = float(values.get("embed_scale", math.sqrt(dim)))
+    return (0.0 if hf.get("state_init") == "zero" else std), scale
+
+
+def raven_config(hf, generation, add_bos, name) -> ModelConfig:
+    check_raven_options(hf)
     dim, heads = int(hf["n_embd"]), int(hf["n_heads"] if "n_heads" in hf else hf["num_attention_heads"])
     mean = int(hf.get("mean_recurrence", 32))
-    # the reference initialises the state with std sqrt(2 / (5 dim)), scaled by the embedding scale sqrt(dim)
-    std = 0.0 if hf.get("state_init") == "zero" else math.sqrt(2 / (5 * dim)) * math.sqrt(dim)
+    std, embed_scale = raven_init_values(hf, dim)
     bos = hf.get("bos_token_id")
     return ModelConfig(
         vocab_size=int(hf.get("padded_vocab_size") or hf["vocab_size"]), dim=dim, n_heads=heads,
@@ -164,7 +182,7 @@ def raven_config(hf, generation, add_bos, name) -> ModelConfig:
         norm="rmsnorm", norm_eps=float(hf.get("norm_eps", 1e-6)), mlp="swiglu", positions="rope",
         rope_theta=float(hf.get("rope_base", 50000.0)), tied_head=bool(hf.get("tie_embeddings", True)),
         input_injection="concat", post_norm="sum", loop_norm="after", initial_state="random",
-        state_std=std, qk_bias=bool(hf.get("qk_bias", True)), embed_scale=math.sqrt(dim),
+        state_std=std * embed_scale, qk_bias=bool(hf.get("qk_bias", True)), embed_scale=embed_scale,
         bos_token_id=int(bos) if add_bos and bos is not None else None, eos_token_ids=_eos(hf, generation),
         name=name)
 
@@ -198,7 +216,12 @@ def raven_pieces(c: ModelConfig, hf: dict) -> list[Piece]:
     return pieces
 
 
-def layout(hf: dict, generation: dict, add_bos: bool, name: str) -> tuple[ModelConfig, list[Piece]]:
+def layout(hf: dict, generation: dict, add_bos: bool, name: str, tensor_names=(),
+           tokenizer_ids=None) -> tuple[ModelConfig, list[Piece]]:
+    """tensor_names: the checkpoint's stored tensors (two layouts share the name RavenForCausalLM);
+    tokenizer_ids: {"bos", "eos"} ids of the tokenizer's own special tokens."""
+    # imported here: hf_retrofit builds on this module's helpers
+    from tinyloop.convert.hf_retrofit import is_retrofitted, retrofit_config, retrofit_pieces
     arch = architecture(hf)
     try:
         if arch == "LlamaForCausalLM":
@@ -207,6 +230,9 @@ def layout(hf: dict, generation: dict, add_bos: bool, name: str) -> tuple[ModelC
         if arch == "OuroForCausalLM":
             config = ouro_config(hf, generation, add_bos, name)
             return config, llama_pieces(config, hf, ouro=True)
+        if is_retrofitted(tensor_names):
+            config = retrofit_config(hf, generation, add_bos, name, tokenizer_ids or {})
+            return config, retrofit_pieces(config, hf)
         config = raven_config(hf, generation, add_bos, name)
         return config, raven_pieces(config, hf)
     except KeyError as exc:
