@@ -8,7 +8,8 @@
 #    registry). CuPy itself (cupy-cuda12x or cupy-cuda13x) is used where already installed.
 # 2. Runs on the GPU (TINYLOOP_TEST_DEVICE=cuda): every kernel against its NumPy twin
 #    (tests/test_cuda_*.py), the CUDA backend end to end against the CPU backend and its
-#    exactness (tests/test_cuda_backend.py), then the reduced exactness suite with the CUDA
+#    exactness (tests/test_cuda_backend.py) and against every Hugging Face layout's golden logits
+#    (tests/test_hf_import.py), then the reduced exactness suite with the CUDA
 #    backend as the default device (TINYLOOP_DEVICE=cuda).
 # 3. A short benchmark: the kernels' own figures (scripts/bench_gpu.py --quick: bandwidth per
 #    weight, graph replay vs enqueue, verify vs decode cost), then the user-facing figures the
@@ -44,8 +45,9 @@ stage environment 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.
 stage kernels 180 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/test_cuda_linear.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
     tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"
-stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-    tests/test_cuda_backend.py --junitxml "$REPORT/backend.xml"
+stage backend 150 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    tests/test_cuda_backend.py "tests/test_hf_import.py::test_the_cuda_backend_matches_the_reference_too" \
+    --junitxml "$REPORT/backend.xml"
 stage exactness 150 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml"
 stage bench 150 python3 scripts/bench_gpu.py --quick --out "$REPORT"
