@@ -3,6 +3,8 @@ import pytest
 from tinyloop.errors import ConfigError, RequestError
 from tinyloop.model.config import ModelConfig
 
+LLAMA3 = dict(rope_scaling="llama3", rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+              rope_original_max_positions=64)
 BASE = dict(vocab_size=100, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64, max_seq_len=128,
             n_prelude=1, n_core=2, n_coda=1, default_loops=3, min_loops=1, max_loops=6)
 
@@ -10,6 +12,15 @@ BASE = dict(vocab_size=100, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim
 def test_round_trip_through_dict():
     config = ModelConfig(**BASE, eos_token_ids=(0, 5))
     assert ModelConfig.from_dict(config.to_dict()) == config
+
+
+def test_rope_scaling_round_trips_and_old_headers_mean_none():
+    scaled = ModelConfig(**BASE, **LLAMA3)
+    assert ModelConfig.from_dict(scaled.to_dict()) == scaled and scaled.to_dict()["rope_factor"] == 8.0
+    # an unscaled model's header is what it was before RoPE scaling existed, and such headers load unscaled
+    plain = ModelConfig(**BASE).to_dict()
+    assert not any(key.startswith("rope_") and key != "rope_theta" for key in plain)
+    assert ModelConfig.from_dict(plain).rope_scaling == "none"
 
 
 def test_layer_instances_count_prelude_core_loops_and_coda():
@@ -31,6 +42,15 @@ def test_layer_instances_count_prelude_core_loops_and_coda():
     (dict(norm_eps=-1.0), "norm_eps must be a positive"),
     (dict(eos_token_ids=(100,)), "eos_token_ids[] must be <= 99"),
     (dict(bias="yes"), "bias must be true or false"),
+    (dict(rope_scaling="yarn"), "rope_scaling must be one of none, llama3; got 'yarn'"),
+    (dict(rope_factor=8.0), "rope_factor only apply with a rope_scaling; rope_scaling is 'none'"),
+    (dict(LLAMA3, rope_factor=0.5), "rope_factor must be >= 1"),
+    (dict(LLAMA3, rope_factor=float("nan")), "rope_factor must be a positive finite number"),
+    (dict(LLAMA3, rope_low_freq_factor=0.0), "rope_low_freq_factor must be a positive finite number"),
+    (dict(LLAMA3, rope_high_freq_factor=1.0), "rope_high_freq_factor (1.0) must be greater than rope_low_freq_factor"),
+    (dict(LLAMA3, rope_original_max_positions=0), "rope_original_max_positions must be >= 1"),
+    (dict(LLAMA3, rope_original_max_positions=64.0), "rope_original_max_positions must be an integer"),
+    (dict(LLAMA3, positions="learned"), "rope_scaling 'llama3' needs positions 'rope'"),
 ])
 def test_invalid_fields_are_named(change, message):
     with pytest.raises(ConfigError) as err:

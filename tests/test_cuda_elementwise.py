@@ -102,7 +102,7 @@ def test_rope_in_place_on_a_view(kernel_device, rows):
     heads, head_dim, width = 3, 64, 3 * 64 + 2 * 64
     qkv = rng.standard_normal((rows, width)).astype(F) * F(10)
     qkv[0, :4] = [0.0, -0.0, 3e30, -3e30]
-    table = positions.rope_table(4096, head_dim, 10000.0)
+    table = positions.rope_table(4096, positions.inv_frequencies(head_dim, 10000.0))
     rotation = table[rng.integers(0, 4096, rows)]                 # (T, hd/2) complex64
     device_qkv = kernel_device.asarray(qkv)
     q = device_qkv[:, :heads * head_dim].reshape(rows, heads, head_dim)

@@ -186,3 +186,16 @@ def test_truncate_rolls_back_as_if_the_rows_were_never_written(tiny):
     assert np.array_equal(decode(rolled, second), decode(fresh, second))
     with pytest.raises(ValueError, match="cannot truncate cache of length 26 to 30"):
         rolled.truncate(30)
+
+
+def test_llama3_rope_scaling_keeps_short_slows_long_and_blends_between():
+    """head_dim 8 at theta 10000: wavelengths 2 pi x (1, 10, 100, 1000). Bands for original
+    length 128, low 1, high 4: kept below 32, slowed by the factor above 128, blended between."""
+    from tinyloop.backends.cpu.positions import inv_frequencies
+    plain = inv_frequencies(8, 10000.0)
+    assert np.allclose(plain, [1.0, 0.1, 0.01, 0.001], rtol=1e-12)
+    scaled = inv_frequencies(8, 10000.0, "llama3", 32.0, 1.0, 4.0, 128)
+    blend = (128 / (2 * np.pi * 10) - 1) / (4 - 1)               # where 63 lies between 128 and 32
+    assert 0 < blend < 1
+    assert np.allclose(scaled, [1.0, 0.1 * ((1 - blend) / 32 + blend), 0.01 / 32, 0.001 / 32], rtol=1e-12)
+    assert np.allclose(inv_frequencies(8, 10000.0, "llama3", 1.0, 1.0, 4.0, 128), plain, rtol=1e-14)  # factor 1

@@ -57,8 +57,10 @@ class Backend(abc.ABC):
         """(vocab or positions, D) table (float or QuantizedTensor) -> a handle `embed` reads."""
 
     @abc.abstractmethod
-    def rope_table(self, max_positions: int, head_dim: int, theta: float):
-        """(max_positions, hd / 2) rotations on the device; `rope_rows` picks a forward's rows."""
+    def rope_table(self, max_positions: int, inv_freq: np.ndarray):
+        """(max_positions, hd / 2) rotations on the device for the (hd / 2,) float64 frequencies
+        the host worked out (positions.model_frequencies: theta and any RoPE scaling);
+        `rope_rows` picks a forward's rows."""
 
     # -- per forward ---------------------------------------------------------------------------
     @abc.abstractmethod

@@ -14,6 +14,11 @@ INJECTIONS = ("none", "add", "concat")
 POST_NORMS = ("none", "branch", "sum")
 LOOP_NORMS = ("none", "between", "after")
 INITIAL_STATES = ("prelude", "random")
+ROPE_SCALINGS = ("none", "llama3")
+# the RoPE scaling parameters and their values without scaling (files written before they
+# existed, and unscaled models, carry none of them)
+ROPE_SCALING_DEFAULTS = {"rope_factor": 1.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                         "rope_original_max_positions": 0}
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,15 @@ class ModelConfig:
     mlp: str = "swiglu"
     positions: str = "rope"
     rope_theta: float = 10000.0
+    # RoPE frequency scaling (backends/cpu/positions.inv_frequencies): "llama3" (Llama 3.1 and
+    # later) slows the pairs whose wavelength exceeds rope_original_max_positions /
+    # rope_low_freq_factor by rope_factor, keeps those shorter than rope_original_max_positions /
+    # rope_high_freq_factor, and blends the band between.
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 0
     bias: bool = False
     tied_head: bool = True
     # "add": each core iteration starts from h + e, e being the prelude's output, so
@@ -100,6 +114,7 @@ class ModelConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         _require_positive_float("norm_eps", self.norm_eps)
         _require_positive_float("rope_theta", self.rope_theta)
+        self._check_rope_scaling()
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.positions == "rope" and self.head_dim % 2:
@@ -118,6 +133,24 @@ class ModelConfig:
             _require_int("eos_token_ids[]", token_id, low=0, high=self.vocab_size - 1)
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("name must be a non-empty string")
+
+    def _check_rope_scaling(self):
+        _require_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        if self.rope_scaling == "none":
+            stray = [name for name, value in ROPE_SCALING_DEFAULTS.items() if getattr(self, name) != value]
+            if stray:
+                raise ConfigError(f"{', '.join(stray)} only apply with a rope_scaling; rope_scaling is 'none'")
+            return
+        if self.positions != "rope":
+            raise ConfigError(f"rope_scaling {self.rope_scaling!r} needs positions 'rope', got {self.positions!r}")
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            _require_positive_float(name, getattr(self, name))
+        if self.rope_factor < 1:
+            raise ConfigError(f"rope_factor must be >= 1 (it slows the long wavelengths), got {self.rope_factor}")
+        if not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ConfigError(f"rope_high_freq_factor ({self.rope_high_freq_factor}) must be greater than "
+                              f"rope_low_freq_factor ({self.rope_low_freq_factor})")
+        _require_int("rope_original_max_positions", self.rope_original_max_positions, low=1)
 
     # --- derived quantities -------------------------------------------------------
     @property
@@ -147,6 +180,9 @@ class ModelConfig:
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
         data["eos_token_ids"] = list(self.eos_token_ids)
+        if self.rope_scaling == "none":     # an unscaled model's header stays as before these fields
+            for name in ("rope_scaling", *ROPE_SCALING_DEFAULTS):
+                del data[name]
         return data
 
     @classmethod

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.backends.cpu.positions import model_frequencies
 from tinyloop.kv.cache import KVCache, cache_bytes
 from tinyloop.limits import MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
@@ -48,7 +49,7 @@ class LoopedTransformer:
         self.backend = backend
         self.kv_mode = kv_mode          # how every request's KV cache stores keys and values
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
-        self.rope = (backend.rope_table(config.max_seq_len, config.head_dim, config.rope_theta)
+        self.rope = (backend.rope_table(config.max_seq_len, model_frequencies(config))
                      if config.positions == "rope" else None)
         self.buffers = StepBuffers()    # per-step inputs of the exact path
 

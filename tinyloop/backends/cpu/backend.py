@@ -64,8 +64,8 @@ class CpuBackend(Backend):
     def prepare_embedding(self, table):
         return np.ascontiguousarray(as_float32(table))
 
-    def rope_table(self, max_positions, head_dim, theta):
-        return rope_table(max_positions, head_dim, theta)
+    def rope_table(self, max_positions, inv_freq):
+        return rope_table(max_positions, inv_freq)
 
     # -- per forward ---------------------------------------------------------------------------
     def rope_rows(self, table, plan):

@@ -98,8 +98,8 @@ class CudaBackend(Backend):
         host = dequantize(table, np.float32) if isinstance(table, QuantizedTensor) else table
         return self.device.asarray(np.ascontiguousarray(host, dtype=np.float32))      # (V, D)
 
-    def rope_table(self, max_positions, head_dim, theta):
-        return self.device.asarray(rope_table(max_positions, head_dim, theta))         # (P, hd/2) complex64
+    def rope_table(self, max_positions, inv_freq):
+        return self.device.asarray(rope_table(max_positions, inv_freq))         # (P, hd/2) complex64
 
     # -- per forward ---------------------------------------------------------------------------
     def rope_rows(self, table, plan):
