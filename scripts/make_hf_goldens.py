@@ -35,7 +35,18 @@ from tinyloop.model.testmodels import train_tokenizer  # noqa: E402
 
 PROMPT = "The looped transformer thinks again and"
 GREEDY_TOKENS = 12
-LAYOUTS = ("llama", "ouro", "huginn", "retrofit")
+LAYOUTS = ("llama", "ouro", "huginn", "retrofit", "llama_llama3", "retrofit_llama3")
+# Llama 3's RoPE scaling on the tiny checkpoints: head_dim 8 at theta 10000 has wavelengths
+# 6.3, 63, 628 and 6283 positions, so with these bands (original / high_freq_factor = 32,
+# original / low_freq_factor = 128) the first pair is kept, the second blended and the last two
+# slowed by the factor: every branch of the rule changes something within the prompt.
+# The plain Llama's uses other low/high factors than Llama 3's 1 and 4 (so a converter that
+# assumed those would fail); the retrofit's is what convert_llama.py writes (factor from the
+# Llama-3.2 config, low 1, high 4), with a tiny original length instead of 8192.
+LLAMA_LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                        "original_max_position_embeddings": 256}
+RETROFIT_LLAMA3_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 128, "rope_type": "llama3"}
 HUGINN_SPECIALS = ["<|begin_text|>", "<|begin_header|>", "<|end_header|>", "<|end_turn|>", "<|end_text|>"]
 
 
@@ -116,26 +127,39 @@ def save_safetensors(state: dict, out: Path, shards: int = 1) -> None:
 
 
 # ------------------------------------------------------------------------------- llama
-def make_llama(out: Path) -> None:
+def make_llama(out: Path, rope_scaling: dict | None = None) -> None:
+    """rope_scaling: Llama 3's (the same weights as the unscaled folder: same seed and shapes);
+    golden.npz then also holds the reference's logits with the scaling left out."""
     from transformers import LlamaConfig, LlamaForCausalLM
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = write_tokenizer(out, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    config = LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, hidden_act="silu")
-    config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config).eval()
+
+    def build(scaling):
+        config = LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                             max_position_embeddings=512 if scaling else 256, rms_norm_eps=1e-5,
+                             rope_theta=10000.0, rope_scaling=dict(scaling) if scaling else None,
+                             tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, hidden_act="silu")
+        config._attn_implementation = "eager"
+        return LlamaForCausalLM(config).eval()
+    model = build(rope_scaling)
     randomise(model, 1)
     model.save_pretrained(out, safe_serialization=True)       # fp32, one file, the library's own names
     prompt = tokenizer.encode(PROMPT).ids
 
-    def forward(ids):
+    def forward(ids, model=model):
         with torch.no_grad():
             return model(torch.tensor([ids])).logits[0].float().numpy()
+    extra = {}
+    if rope_scaling:
+        assert model.model.rotary_emb.rope_type == "llama3"
+        unscaled = build(None)
+        unscaled.load_state_dict(model.state_dict())
+        extra["logits_unscaled"] = forward(prompt, unscaled)[None]
     np.savez_compressed(out / "golden.npz", prompt=np.array(prompt), loops=np.array([1]),
-                        logits=forward(prompt)[None], greedy=np.array([greedy(forward, prompt, GREEDY_TOKENS)]))
+                        logits=forward(prompt)[None], greedy=np.array([greedy(forward, prompt, GREEDY_TOKENS)]),
+                        **extra)
 
 
 # -------------------------------------------------------------------------------- ouro
@@ -275,17 +299,24 @@ def retrofit_config_json(tokenizer) -> dict:
         bos_token_id=tokenizer.token_to_id("<s>"), eos_token_id=tokenizer.token_to_id("</s>"))
 
 
-def make_retrofit(out: Path, reference: Path) -> None:
+def make_retrofit(out: Path, reference: Path, rope_scaling: dict | None = None) -> None:
+    """rope_scaling: as convert_llama.py writes it for a Llama-3.2 (the weights are the same as
+    the unscaled folder's: same seed and shapes); golden.npz then also holds the reference's
+    logits with the scaling left out."""
     modeling = load_package("retro_ref", reference, "raven_modeling_minimal")
     config_module = importlib.import_module("retro_ref.raven_config_minimal")
     out.mkdir(parents=True, exist_ok=True)
     # TinyLlama's base tokenizer ships no chat template
     tokenizer = write_tokenizer(out, None, specials=RETROFIT_SPECIALS, bos="<s>", eos="</s>")
     hf = retrofit_config_json(tokenizer)
+    if rope_scaling:
+        hf["rope_scaling"] = dict(rope_scaling)
     # Huginn's config class takes tie_embeddings only (the authors' README: drop tie_word_embeddings)
     skip = ("architectures", "model_type", "auto_map", "tie_word_embeddings")
     config = config_module.RavenConfig(**{k: v for k, v in hf.items() if k not in skip})
     model = modeling.RavenForCausalLM(config).eval()
+    if rope_scaling:
+        assert model.rotary_emb.rope_type == "llama3"
     assert model.emb_scale == 1.0 and config.num_key_value_heads == 2     # the saved values won
     randomise(model, 10)       # a seed whose greedy continuation varies (others repeat one token)
     round_to(model, torch.bfloat16)
@@ -295,17 +326,23 @@ def make_retrofit(out: Path, reference: Path) -> None:
     prompt = [tokenizer.token_to_id("<s>")] + tokenizer.encode(PROMPT).ids
     std = hf["init_values"]["std"] * hf["init_values"]["embed_scale"]
 
-    def forward(ids, steps=4, noise=True):
+    def forward(ids, steps=4, noise=True, model=model):
         state0 = initial_state(std if noise else 0.0, 0, np.arange(len(ids)), hf["n_embd"])
         with torch.no_grad():
             result = model(torch.tensor([ids]), input_states=torch.from_numpy(state0)[None], num_steps=steps)
         return result.logits[0].float().numpy()
     loops = np.array([1, 2, 4, 8, 32])
+    extra = {}
+    if rope_scaling:
+        unscaled = modeling.RavenForCausalLM(config_module.RavenConfig(
+            **{k: v for k, v in hf.items() if k not in skip + ("rope_scaling",)})).eval()
+        unscaled.load_state_dict(model.state_dict())
+        extra["logits_unscaled"] = np.stack([forward(prompt, int(n), model=unscaled) for n in loops])
     np.savez_compressed(out / "golden.npz", prompt=np.array(prompt), loops=loops,
                         logits=np.stack([forward(prompt, int(n)) for n in loops]),
                         logits_zero_state=forward(prompt, 4, noise=False)[None],
                         greedy=np.array([greedy(lambda ids: forward(ids, 4), prompt, GREEDY_TOKENS)]),
-                        greedy_loops=np.array([4]), state_seed=np.array([0]))
+                        greedy_loops=np.array([4]), state_seed=np.array([0]), **extra)
 
 
 def main():
@@ -322,9 +359,10 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     only = set(args.only or LAYOUTS)
-    for layout, folder in (("ouro", args.ouro_ref), ("huginn", args.raven_ref), ("retrofit", args.retrofit_ref)):
+    for layout, folder in (("ouro", args.ouro_ref), ("huginn", args.raven_ref), ("retrofit", args.retrofit_ref),
+                           ("retrofit_llama3", args.retrofit_ref)):
         if layout in only and folder is None:
-            parser.error(f"the {layout} layout needs its reference folder (--{layout}-ref)")
+            parser.error(f"the {layout} layout needs its reference folder (--{layout.split('_')[0]}-ref)")
     if "llama" in only:
         make_llama(args.out / "llama")
     if "ouro" in only:
@@ -333,6 +371,10 @@ def main():
         make_huginn(args.out / "huginn", args.raven_ref)
     if "retrofit" in only:
         make_retrofit(args.out / "retrofit", args.retrofit_ref)
+    if "llama_llama3" in only:
+        make_llama(args.out / "llama_llama3", LLAMA_LLAMA3_SCALING)
+    if "retrofit_llama3" in only:
+        make_retrofit(args.out / "retrofit_llama3", args.retrofit_ref, RETROFIT_LLAMA3_SCALING)
     print(f"wrote {args.out}")
 
 

@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints (Llama, Ouro, Huginn and retrofitted-recurrence layouts) convert
-and compute what their own public modeling code computes: golden logits in
+"""Hugging Face checkpoints (Llama, Ouro, Huginn and retrofitted-recurrence layouts; Llama and
+the retrofit also with Llama 3's RoPE scaling) convert and compute what their own public
+modeling code computes: golden logits in
 tests/data/hf/*/golden.npz were produced once by that code on these tiny checkpoints
 (tests/data/README.md)."""
 from __future__ import annotations
@@ -21,7 +22,8 @@ from tinyloop.errors import RequestError
 from tinyloop.model.loader import load_model
 
 DATA = Path(__file__).parent / "data" / "hf"
-LAYOUTS = ("llama", "ouro", "huginn", "retrofit")
+LAYOUTS = ("llama", "ouro", "huginn", "retrofit", "llama_llama3", "retrofit_llama3")
+LLAMA3_LAYOUTS = ("llama_llama3", "retrofit_llama3")       # the same weights as "llama" and "retrofit"
 TOLERANCE = 1e-4
 
 
@@ -80,7 +82,7 @@ def test_the_cuda_backend_matches_the_reference_too(converted, layout):
         assert np.array_equal(ours.argmax(-1), reference.argmax(-1))
 
 
-@pytest.mark.parametrize("layout", ("huginn", "retrofit"))
+@pytest.mark.parametrize("layout", ("huginn", "retrofit", "retrofit_llama3"))
 def test_a_zero_initial_state_matches_too(converted, layout):
     """The random initial state is ours (seeded per position); from a zero state the
     reference needs no state handed over at all."""
@@ -91,6 +93,36 @@ def test_a_zero_initial_state_matches_too(converted, layout):
     assert np.abs(prompt_logits(model, prompt, 4) - data["logits_zero_state"][0]).max() > 100 * TOLERANCE
     model.config = replace(model.config, state_std=0.0)
     assert np.abs(prompt_logits(model, prompt, 4) - data["logits_zero_state"][0]).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("layout", LLAMA3_LAYOUTS)
+def test_llama3_rope_scaling_is_what_makes_the_goldens(tmp_path, layout):
+    """The scaling matters on these checkpoints: the reference's logits without it (same
+    weights) are far from the goldens; the checkpoint converted without its rope_scaling
+    matches those unscaled logits instead, and misses the goldens."""
+    data = golden(layout)
+    assert np.abs(data["logits"] - data["logits_unscaled"]).max(axis=(1, 2)).min() > 100 * TOLERANCE
+    directory = copy_layout(tmp_path, layout)
+    edit_config(directory, rope_scaling=None)
+    convert_hf(directory, tmp_path / "unscaled.tinyloop", progress=False)
+    model = load_model(tmp_path / "unscaled.tinyloop", "cpu", kv_mode="fp32").model
+    assert model.config.rope_scaling == "none"
+    prompt = [int(t) for t in data["prompt"]]
+    for loops, scaled, unscaled in zip(data["loops"], data["logits"], data["logits_unscaled"]):
+        ours = prompt_logits(model, prompt, int(loops))
+        assert np.abs(ours - unscaled).max() <= TOLERANCE
+        assert np.abs(ours - scaled).max() > 100 * TOLERANCE
+
+
+def test_converted_llama3_rope_scaling(converted):
+    """config.json's rope_scaling lands in the model config (and the file's header) as given."""
+    llama = load_model(converted["llama_llama3"], "cpu").config
+    assert (llama.rope_scaling, llama.rope_factor, llama.rope_low_freq_factor, llama.rope_high_freq_factor,
+            llama.rope_original_max_positions) == ("llama3", 8.0, 2.0, 8.0, 256)
+    retrofit = load_model(converted["retrofit_llama3"], "cpu").config
+    assert (retrofit.rope_scaling, retrofit.rope_factor, retrofit.rope_low_freq_factor,
+            retrofit.rope_high_freq_factor, retrofit.rope_original_max_positions) == ("llama3", 32.0, 1.0, 4.0, 128)
+    assert load_model(converted["llama"], "cpu").config.rope_scaling == "none"
 
 
 def test_ouro_exit_gate_matches_the_reference(converted):
@@ -202,12 +234,35 @@ def edit_config(directory: Path, **changes):
 
 @pytest.mark.parametrize("layout, changes, message", [
     ("llama", {"architectures": ["Qwen2ForCausalLM"]}, "architecture Qwen2ForCausalLM is not supported"),
-    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling of type 'linear'"),
+    ("llama", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling of type 'dynamic'"),
+    ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_scaling of type 'yarn'"),
+    ("llama", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}},
+     "rope_scaling of type 'longrope'"),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "llama3 rope_scaling lacks low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+    ("llama", {"rope_scaling": "llama3"}, "rope_scaling must be an object"),
+    ("llama_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 0.5, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_factor must be >= 1"),
+    ("llama_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     r"rope_high_freq_factor \(4.0\) must be greater than rope_low_freq_factor \(4.0\)"),
+    ("llama_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": "8", "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_scaling factor must be a number, got '8'"),
+    ("llama_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 0}},
+     "rope_original_max_positions must be >= 1"),
+    ("ouro", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "RoPE scaling in Ouro"),
     ("ouro", {"use_sliding_window": True}, "sliding-window"),
     ("ouro", {"kv_cache_policy": "last_available"}, "KV sharing"),
     ("huginn", {"lookup_strategy": "latest-m4"}, "KV sharing"),
     ("huginn", {"injection_type": "add"}, "injection_type"),
-    ("retrofit", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling"),
+    ("retrofit", {"rope_scaling": {"rope_type": "yarn", "factor": 32.0}}, "rope_scaling of type 'yarn'"),
+    ("retrofit_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0}}, "lacks original_max_position_embeddings"),
     ("retrofit", {"initial_state_mode": "skip-adapter"}, "initial_state_mode"),
     ("retrofit", {"injection_type": "add"}, "injection_type"),
     ("retrofit", {"lookup_strategy": "latest-m4"}, "KV sharing"),
@@ -281,7 +336,8 @@ def test_shipped_chat_templates_are_recognised():
     from tinyloop.convert.hf_chat import chat_template_from_hf
     names = {layout: chat_template_from_hf(json.loads((DATA / layout / "tokenizer_config.json").read_text())
                                            .get("chat_template")).name for layout in LAYOUTS}
-    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn", "retrofit": "plain"}
+    assert names == {"llama": "chatml", "ouro": "chatml", "huginn": "huginn", "retrofit": "plain",
+                     "llama_llama3": "chatml", "retrofit_llama3": "plain"}
     listed = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|>{{ x }}"}]
     assert chat_template_from_hf(listed).name == "chatml"
     assert chat_template_from_hf(None).name == "plain"

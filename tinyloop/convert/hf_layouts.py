@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.convert.safetensors_dir import CheckpointError
+from tinyloop.errors import ConfigError
 from tinyloop.model.config import MAX_LOOPS_LIMIT, ModelConfig
 
 SUPPORTED = ("LlamaForCausalLM", "OuroForCausalLM", "RavenForCausalLM")
@@ -76,9 +77,44 @@ def _eos(hf: dict, generation: dict) -> tuple:
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
+LLAMA3_KEYS = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+               "high_freq_factor": "rope_high_freq_factor",
+               "original_max_position_embeddings": "rope_original_max_positions"}
+
+
+def rope_scaling_options(hf: dict) -> dict:
+    """config.json's `rope_scaling` as ModelConfig fields: none (absent, null, or transformers'
+    "default" type) or "llama3" (Llama 3.1 and later, the Llama-3.2 retrofits) with its four
+    parameters. Other types (linear, dynamic, yarn, longrope, ...) are refused by name, and
+    so is a llama3 entry missing a parameter or holding one that is not a number."""
+    scaling = hf.get("rope_scaling")
+    if not scaling:
+        return {}
+    if not isinstance(scaling, dict):
+        raise CheckpointError(f"config.json's rope_scaling must be an object, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))       # "type": transformers' older spelling
+    if kind == "default":
+        return {}
+    _refuse_if(kind != "llama3", f"rope_scaling of type {kind!r} (only 'llama3' RoPE scaling)")
+    missing = [key for key in LLAMA3_KEYS if scaling.get(key) is None]
+    if missing:
+        raise CheckpointError(f"config.json's llama3 rope_scaling lacks {', '.join(missing)}")
+    options = {"rope_scaling": "llama3"}
+    for key, field in LLAMA3_KEYS.items():
+        value = scaling[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CheckpointError(f"config.json's rope_scaling {key} must be a number, got {value!r}")
+        if field == "rope_original_max_positions":
+            if value != int(value):
+                raise CheckpointError(f"config.json's rope_scaling {key} must be a whole number, got {value!r}")
+            options[field] = int(value)
+        else:
+            options[field] = float(value)
+    return options
+
+
 # ------------------------------------------------------------------------ llama and ouro
 def _llama_like(hf: dict, generation: dict, add_bos: bool, name: str, **shape) -> ModelConfig:
-    _refuse_if(hf.get("rope_scaling"), f"rope_scaling {hf.get('rope_scaling')!r} (RoPE scaling)")
     _refuse_if(hf.get("attention_bias") or hf.get("mlp_bias"), "attention_bias / mlp_bias")
     _refuse_if(hf.get("hidden_act", "silu") != "silu", f"hidden_act {hf.get('hidden_act')!r} (only silu)")
     _refuse_if(hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or []),
@@ -97,10 +133,13 @@ def _llama_like(hf: dict, generation: dict, add_bos: bool, name: str, **shape) -
 
 
 def llama_config(hf, generation, add_bos, name) -> ModelConfig:
-    return _llama_like(hf, generation, add_bos, name, n_core=int(hf["num_hidden_layers"]))
+    return _llama_like(hf, generation, add_bos, name, n_core=int(hf["num_hidden_layers"]),
+                       **rope_scaling_options(hf))
 
 
 def ouro_config(hf, generation, add_bos, name) -> ModelConfig:
+    # no Ouro checkpoint scales RoPE, and no golden checks that its modeling would scale it as Llama's does
+    _refuse_if(hf.get("rope_scaling"), f"rope_scaling {hf.get('rope_scaling')!r} (RoPE scaling in Ouro)")
     for key in ("kv_cache_policy", "kv_slots_per_layer"):
         _refuse_if(hf.get(key) not in (None, "full", "depth_indexed"), f"{key} {hf.get(key)!r} (KV sharing)")
     steps = int(hf.get("total_ut_steps", 4))
@@ -237,3 +276,5 @@ def layout(hf: dict, generation: dict, add_bos: bool, name: str, tensor_names=()
         return config, raven_pieces(config, hf)
     except KeyError as exc:
         raise CheckpointError(f"config.json of a {arch} lacks {exc.args[0]!r}") from None
+    except ConfigError as exc:      # values that pass as JSON but not as a model (e.g. rope_scaling factor 0.5)
+        raise CheckpointError(f"config.json of a {arch}: {exc}") from None

@@ -8,7 +8,8 @@ What differs from Huginn (hf_layouts.raven_*), all read from the authors' modeli
   two norms per block, no sandwich;
 - no final norm between the recurrence and the coda (ln_f only before the head);
 - RoPE is transformers' Llama rotary embedding ("rotate half", `rope_theta`, not Huginn's
-  `rope_base`), so q and k rows are permuted to interleaved pairs as for Llama;
+  `rope_base`), so q and k rows are permuted to interleaved pairs as for Llama; it honours
+  config.json's `rope_scaling`, which the Llama-3.2 retrofits set to Llama 3's ("llama3");
 - grouped-query attention (`num_key_value_heads`), untied head, and the embedding scale
   and initial-state std taken from the config's `init_values` (the conversion sets
   embed_scale 1 and keeps Huginn's std).
@@ -24,6 +25,7 @@ from tinyloop.convert.hf_layouts import (
     _refuse_if,
     check_raven_options,
     raven_init_values,
+    rope_scaling_options,
     rotate_half_to_interleaved,
     rows,
 )
@@ -57,8 +59,6 @@ def _special_ids(hf, generation, vocab: int, tokenizer_ids: dict) -> tuple:
 
 def retrofit_config(hf, generation, add_bos, name, tokenizer_ids: dict) -> ModelConfig:
     check_raven_options(hf)
-    _refuse_if(hf.get("rope_scaling"), f"rope_scaling {hf.get('rope_scaling')!r} (RoPE scaling, e.g. the "
-                                       "Llama-3.2 retrofits)")
     _refuse_if(hf.get("partial_rotary_factor", 1.0) != 1.0, "partial_rotary_factor (partial RoPE)")
     # a later fork of the authors' code added other ways to start the recurrence
     _refuse_if(hf.get("initial_state_mode", "random") != "random",
@@ -87,7 +87,8 @@ def retrofit_config(hf, generation, add_bos, name, tokenizer_ids: dict) -> Model
         n_coda=int(hf["n_layers_in_coda"]),
         default_loops=min(mean, MAX_LOOPS_LIMIT), min_loops=1, max_loops=MAX_LOOPS_LIMIT,
         norm="rmsnorm", norm_eps=float(hf.get("norm_eps", 1e-6)), mlp="swiglu", positions="rope",
-        rope_theta=float(hf["rope_theta"]), tied_head=bool(hf.get("tie_embeddings", True)),
+        rope_theta=float(hf["rope_theta"]), **rope_scaling_options(hf),
+        tied_head=bool(hf.get("tie_embeddings", True)),
         input_injection="concat", post_norm="none", loop_norm="none", initial_state="random",
         state_std=std * embed_scale, qk_bias=bool(hf.get("qk_bias", True)), embed_scale=embed_scale,
         bos_token_id=int(bos) if add_bos and bos is not None else None, eos_token_ids=eos, name=name)
