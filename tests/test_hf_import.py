@@ -170,13 +170,43 @@ def test_converted_retrofit_config(converted):
 
 def test_retrofit_ids_outside_the_vocabulary_fall_back_to_the_tokenizer(tmp_path):
     """Huginn's config ids (its own 65536-entry vocabulary) left in a converted model's
-    config.json give way to the tokenizer's <s> and </s>."""
+    config.json give way to the tokenizer's <s> and </s>, whether outside the vocabulary or not."""
     directory = copy_layout(tmp_path, "retrofit")
     edit_config(directory, bos_token_id=65504, eos_token_id=65505)
     config = convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
     vocab = json.loads((directory / "tokenizer.json").read_text())["added_tokens"]
     ids = {t["content"]: t["id"] for t in vocab}
     assert (config.bos_token_id, config.eos_token_ids) == (ids["<s>"], (ids["</s>"],))
+    # inside a vocabulary as large as Llama 3's, Huginn's ids would be other tokens: the tokenizer's win there too
+    edit_config(directory, bos_token_id=100, eos_token_id=101)
+    config = convert_hf(directory, tmp_path / "in.tinyloop", progress=False)
+    assert (config.bos_token_id, config.eos_token_ids) == (ids["<s>"], (ids["</s>"],))
+
+
+def test_a_bos_added_by_the_tokenizers_post_processor_counts(tmp_path):
+    """Llama 3's tokenizer_config.json has no add_bos_token: its tokenizer.json's post-processor
+    (ByteLevel, then a TemplateProcessing starting with <|begin_of_text|>) adds the bos."""
+    directory = copy_layout(tmp_path, "llama_llama3")
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    del tokenizer_config["add_bos_token"]
+    tokenizer_config["bos_token"] = "<|endoftext|>"
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert convert_hf(directory, tmp_path / "plain.tinyloop", progress=False).bos_token_id is None
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    bos = {"id": "<|endoftext|>", "type_id": 0}
+    tokenizer["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing", "single": [{"SpecialToken": bos}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": bos}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}]}
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    convert_hf(directory, tmp_path / "bos.tinyloop", progress=False)
+    loaded = load_model(tmp_path / "bos.tinyloop", "cpu")
+    assert loaded.config.bos_token_id == 0
+    # our encoding still adds nothing itself: the bos comes from the config, once
+    plain = load_model(tmp_path / "plain.tinyloop", "cpu").tokenizer
+    assert loaded.tokenizer.encode("The loop") == plain.encode("The loop")
 
 
 def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):

@@ -51,12 +51,32 @@ def special_token_ids(tokenizer_json: str, tokenizer_config: dict) -> dict:
     vocab = (data.get("model") or {}).get("vocab")
     found = {}
     for key in ("bos", "eos"):
-        token = tokenizer_config.get(f"{key}_token")
-        token = token.get("content") if isinstance(token, dict) else token
+        token = _token_name(tokenizer_config.get(f"{key}_token"))
         token_id = ids.get(token, vocab.get(token) if isinstance(vocab, dict) else None)
         if isinstance(token_id, int):
             found[key] = token_id
     return found
+
+
+def _token_name(token):
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def adds_bos(tokenizer_json: str, tokenizer_config: dict) -> bool:
+    """Whether the checkpoint's tokenizer puts its bos token before a text: tokenizer_config.json's
+    `add_bos_token` where it says, else whether tokenizer.json's post-processor starts every
+    single text with that token (Llama 3's tokenizers add <|begin_of_text|> that way and carry
+    no add_bos_token)."""
+    if tokenizer_config.get("add_bos_token") is not None:
+        return bool(tokenizer_config["add_bos_token"])
+    bos = _token_name(tokenizer_config.get("bos_token"))
+    processor = json.loads(tokenizer_json).get("post_processor") or {}
+    processors = (processor.get("processors") or []) if processor.get("type") == "Sequence" else [processor]
+    for step in processors:
+        if isinstance(step, dict) and step.get("type") == "TemplateProcessing":
+            first = (step.get("single") or [{}])[0]
+            return bos is not None and (first.get("SpecialToken") or {}).get("id") == bos
+    return False
 
 
 def convert_hf(source, output, progress: bool = True) -> ModelConfig:
@@ -70,7 +90,7 @@ def convert_hf(source, output, progress: bool = True) -> ModelConfig:
     name = str(hf.get("_name_or_path") or directory.name)
     weights = SafetensorsDir(directory)
     tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
-    config, pieces = layout(hf, generation, bool(tokenizer_config.get("add_bos_token", False)), name,
+    config, pieces = layout(hf, generation, adds_bos(tokenizer_json, tokenizer_config), name,
                             weights.tensors, special_token_ids(tokenizer_json, tokenizer_config))
 
     shapes = expected_tensors(config)

@@ -45,16 +45,17 @@ def is_retrofitted(tensor_names) -> bool:
 
 
 def _special_ids(hf, generation, vocab: int, tokenizer_ids: dict) -> tuple:
-    """(bos, eos ids). The conversion starts from Huginn's config.json, so ids it inherits
-    may name Huginn's vocabulary (65536 entries), not the Llama one the weights use: an id
-    outside the vocabulary is replaced by the tokenizer's own token."""
-    bos = hf.get("bos_token_id")
+    """(bos, eos ids). The conversion starts from Huginn's config.json, so the ids it inherits
+    name Huginn's vocabulary (65504 / 65505), not the Llama one the weights and the tokenizer
+    use; inside a large vocabulary (Llama 3's 128256) they are other tokens. So the tokenizer's
+    own bos / eos tokens win; config.json's ids count only where the tokenizer names none
+    (and only inside the vocabulary)."""
+    bos = tokenizer_ids.get("bos", hf.get("bos_token_id"))
     if bos is not None and not 0 <= int(bos) < vocab:
-        bos = tokenizer_ids.get("bos")
-    eos = tuple(i for i in _eos(hf, generation) if 0 <= i < vocab)
-    if not eos and "eos" in tokenizer_ids:
-        eos = (tokenizer_ids["eos"],)
-    return bos, eos
+        bos = None
+    if "eos" in tokenizer_ids:
+        return bos, (tokenizer_ids["eos"],)
+    return bos, tuple(i for i in _eos(hf, generation) if 0 <= i < vocab)
 
 
 def retrofit_config(hf, generation, add_bos, name, tokenizer_ids: dict) -> ModelConfig:
