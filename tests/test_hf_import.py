@@ -216,7 +216,7 @@ def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("layout", ("ouro", "huginn", "retrofit"))
+@pytest.mark.parametrize("layout", ("ouro", "huginn", "retrofit", "retrofit_llama3"))
 def test_speculative_and_tree_equal_plain_greedy(converted, layout):
     model = load_model(converted[layout], "cpu").model
     rng = np.random.default_rng(13)
