@@ -9,7 +9,7 @@ and every backend builds its table from them, so RoPE scaling means the same eve
 """
 import numpy as np
 
-ROPE_SCALINGS = ("none", "llama3")
+from tinyloop.model.config import ROPE_SCALINGS
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: float = 1.0,
