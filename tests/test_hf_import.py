@@ -432,3 +432,20 @@ def test_cli_generates_with_adaptive_depth(converted, capsys):
     assert "exit_threshold must be a cumulative exit probability" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", str(converted["ouro"]), "Hello", "--loops", "deep"])
+
+
+def test_a_chat_template_tinyloop_cannot_render_is_warned_about_not_dropped_silently(tmp_path, capsys):
+    """A Llama-3-style template (header/eot turns) is not one TinyLoop renders: the model
+    converts, chats fall back to the plain template, and the conversion says so."""
+    from tinyloop.convert.from_hf import convert_hf
+    directory = copy_layout(tmp_path, "llama")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                               "{{ m['content'] | trim }}<|eot_id|>{% endfor %}")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    convert_hf(directory, tmp_path / "llama3chat.tinyloop", progress=False)
+    err = capsys.readouterr().err
+    assert "ships a chat template TinyLoop does not render" in err and "plain" in err
+    assert load_model(tmp_path / "llama3chat.tinyloop", "cpu").file.chat_template == "plain"
+    convert_hf(copy_layout(tmp_path / "b", "llama"), tmp_path / "chatml.tinyloop", progress=False)
+    assert "warning" not in capsys.readouterr().err          # a recognised template: nothing to say

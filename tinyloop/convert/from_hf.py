@@ -9,13 +9,18 @@ renamed into place only once complete. Weights keep their stored precision
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from tinyloop.convert.hf_chat import chat_template_from_hf
 from tinyloop.convert.hf_layouts import layout
-from tinyloop.convert.safetensors_dir import FLOAT_DTYPES, CheckpointError, SafetensorsDir
+from tinyloop.convert.safetensors_dir import (
+    FLOAT_DTYPES,
+    CheckpointError,
+    SafetensorsDir,
+)
 from tinyloop.model.config import ModelConfig
 from tinyloop.model.modelfile import TensorSpec, file_metadata, write_streaming
 from tinyloop.model.weights import expected_tensors
@@ -123,7 +128,14 @@ def convert_hf(source, output, progress: bool = True) -> ModelConfig:
                                   f"config.json implies {tuple(shapes[target])}")
         return value
 
-    template = chat_template_from_hf(tokenizer_config.get("chat_template"))
+    shipped_template = tokenizer_config.get("chat_template")
+    template = chat_template_from_hf(shipped_template)
+    if shipped_template and template.name == "plain":
+        # not an error (the model still converts and completes text), but chat requests would
+        # not be in the turn format the model was tuned on: say so rather than leave it silent
+        print(f"tinyloop convert: warning: {directory.name} ships a chat template TinyLoop does not render "
+              "(it renders ChatML and Huginn's turns); chat requests will use the plain "
+              "'System:/User:/Assistant:' template", file=sys.stderr)
     metadata = file_metadata(config, tokenizer_json, template.to_metadata(),
                              extra_metadata={"source": directory.name, "source_format": "huggingface",
                                              "source_architecture": ",".join(hf.get("architectures", []))})
