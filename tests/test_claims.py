@@ -375,6 +375,27 @@ def test_annotations_are_accepted_and_change_nothing(grammar_model):
     assert outputs[0] == outputs[1]
 
 
+def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(tmp_path):
+    """Prompt sizes from the server's own usage: with `tool_choice: none` the prompt is
+    the one without tools; with `auto` the declarations are in it (they count against
+    the context)."""
+    path = tmp_path / "eos.tinyloop"
+    make_test_model(path, "tiny-looped", seed=3)                          # with an end-of-sequence token
+    app = ready_app(path)
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}}}}}
+    base = {"model": "tl", "messages": HELLO, "max_tokens": 1}
+    sizes = {}
+    for name, extra in [("bare", {}), ("none", {"tools": [tool], "tool_choice": "none"}),
+                        ("auto", {"tools": [tool], "tool_choice": "auto"})]:
+        response = post(app, CHAT, {**base, **extra})
+        assert response.status == 200, response.body
+        sizes[name] = response.json()["usage"]["prompt_tokens"]
+    assert sizes["none"] == sizes["bare"] and sizes["auto"] > sizes["bare"] + 10, sizes
+    app.state.shutdown()
+
+
 # ------------------------------------------------------------------ Command line: new-model presets
 def test_new_model_presets_have_the_readmes_shapes():
     """The README's preset table, written out; doc-407m's ~405M parameters counted here
