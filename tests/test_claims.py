@@ -396,6 +396,24 @@ def test_tool_choice_none_leaves_the_tools_out_of_the_prompt(tmp_path):
     app.state.shutdown()
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions", "/api/v0/chat/completions"])
+def test_keep_alive_is_accepted_and_changes_nothing(model_path, path):
+    """`keep_alive` as a duration string, a number or 0: a 200 with the same greedy text."""
+    app = ready_app(model_path)
+    body = {"model": "tl", "max_tokens": 6, "temperature": 0,
+            **({"prompt": "Hello"} if path.endswith("/completions") and "chat" not in path else {"messages": HELLO})}
+
+    def text(response):
+        assert response.status == 200, response.body
+        choice = response.json()["choices"][0]
+        return choice["text"] if "text" in choice else choice["message"]["content"]
+
+    plain = text(post(app, path, body))
+    for keep_alive in ("5m", 300, 0, -1):
+        assert text(post(app, path, {**body, "keep_alive": keep_alive})) == plain
+    app.state.shutdown()
+
+
 # ------------------------------------------------------------------ Command line: new-model presets
 def test_new_model_presets_have_the_readmes_shapes():
     """The README's preset table, written out; doc-407m's ~405M parameters counted here
