@@ -184,3 +184,57 @@ def test_assuming_sees_a_draft_path_and_restores_the_history():
         assert sampler.shaped(np.ones(4)).tolist() == [1.0, 0.5 - 1.0, 0.5 - 1.0, 0.5]
     assert sampler.shaped(np.ones(4)).tolist() == before == [1.0, -0.5, 1.0, 0.5]
     assert sampler.generated_counts.tolist() == [0, 1, 0, 0]
+
+
+# ----------------------------------------------------------------- logit_bias, min_p, logprobs (README: Agents)
+def test_logit_bias_is_added_to_the_logits():
+    """OpenAI's logit_bias: added to the listed ids' logits (+100 forces, -100 bans)."""
+    logits = np.array([1.0, 3.0, 2.0, 0.5])
+    sampler = Sampler(SamplingParams(logit_bias=((0, 5.0), (1, -2.5))), 4)
+    assert sampler.shaped(logits).tolist() == [6.0, 0.5, 2.0, 0.5]
+    assert Sampler(SamplingParams(logit_bias=((3, 100.0),)), 4).greedy_token(logits) == 3
+    assert Sampler(SamplingParams(logit_bias=((1, -100.0),)), 4).greedy_token(logits) == 2
+
+
+def test_min_p_keeps_tokens_at_exactly_min_p_times_the_best():
+    """`min_p` drops tokens *below* min_p x the best probability: a tie at the bound stays
+    (min_p = 1 keeps every token tied for best, and only those)."""
+    sampler = Sampler(SamplingParams(temperature=1.0, min_p=1.0), 4)
+    assert sampler.probabilities(np.array([2.0, 5.0, 5.0, 1.0])).tolist() == [0.0, 0.5, 0.5, 0.0]
+    half = Sampler(SamplingParams(temperature=1.0, min_p=0.5), 3)
+    probs = half.probabilities(np.log(np.array([4.0, 2.0, 1.0])))      # 4/7, 2/7, 1/7: 2/7 is exactly half of 4/7
+    assert probs[2] == 0.0 and probs[0] > 0 and probs[1] > 0
+    assert probs[0] / probs[1] == pytest.approx(2.0, rel=1e-12)
+
+
+def test_greedy_logprobs_are_the_log_softmax_of_the_shaped_scores_at_temperature_1():
+    """Logprobs: log-softmax of the shaped scores divided by the temperature, 1 under greedy."""
+    logits = np.array([0.5, 2.0, -1.0, 1.0])
+    expected = logits - math.log(sum(math.exp(x) for x in logits))          # written out, not the module's helper
+    token, report = Sampler(SamplingParams(), 4, top_logprobs=2).sample_with_logprobs(logits)
+    assert token == 1 and report.logprob == pytest.approx(expected[1], abs=1e-12)
+    assert [i for i, _ in report.top] == [1, 3]
+    assert [lp for _, lp in report.top] == pytest.approx([expected[1], expected[3]], abs=1e-12)
+    hot = Sampler(SamplingParams(temperature=2.0, seed=1), 4, top_logprobs=0)
+    token, report = hot.sample_with_logprobs(logits)
+    scaled = logits / 2.0
+    assert report.logprob == pytest.approx(scaled[token] - math.log(sum(math.exp(x) for x in scaled)), abs=1e-12)
+    assert report.top == ()
+
+
+def test_only_real_penalties_count_as_penalties():
+    """Greedy decoding without penalties, bias, grammar or logprobs moves only ids off the
+    backend (needs_host False); any one penalty alone, or a bias, needs the host."""
+    assert not SamplingParams().has_penalties and not Sampler(SamplingParams(), 4).needs_host
+    for params in (dict(repetition_penalty=1.2), dict(presence_penalty=0.5), dict(frequency_penalty=-0.5)):
+        assert SamplingParams(**params).has_penalties and Sampler(SamplingParams(**params), 4).needs_host
+    assert Sampler(SamplingParams(logit_bias=((1, 1.0),)), 4).needs_host
+    assert Sampler(SamplingParams(), 4, top_logprobs=0).needs_host
+
+
+def test_top_logprobs_go_up_to_20():
+    from tinyloop.engine.sampling import MAX_TOP_LOGPROBS
+    assert MAX_TOP_LOGPROBS == 20                          # README: top_logprobs 0..20
+    logits = np.arange(30, dtype=np.float64)
+    _, report = Sampler(SamplingParams(), 30, top_logprobs=20).sample_with_logprobs(logits)
+    assert [i for i, _ in report.top] == list(range(29, 9, -1))
