@@ -255,6 +255,26 @@ def test_the_readme_synopsis_lists_every_command_and_option_with_their_defaults(
                 assert value in (action.help or ""), (command, option, action.help)
 
 
+def test_every_default_a_help_text_states_is_the_parsers():
+    """`--help` says "(default 128)", "(default 127.0.0.1, ...)": the value the parser
+    really uses. (Defaults that come from a variable, "$TINYLOOP_X or Y", are the
+    Settings tests'; ones computed from the model or the machine say so in words.)"""
+    checked = []
+    for command, parser in _subparsers().items():
+        for action in parser._actions:
+            found = re.search(r"\(default ([^\s,;:)$]+)", action.help or "")
+            if not found or action.default is None:
+                continue
+            value = found.group(1)
+            try:
+                same = float(action.default) == float(value)
+            except (TypeError, ValueError):
+                same = str(action.default) == value
+            assert same, (command, action.option_strings, action.default, action.help)
+            checked.append((command, action.dest))
+    assert len(checked) >= 10, checked
+
+
 # ------------------------------------------------------------------ KV cache modes
 @pytest.mark.parametrize("window, rows", [(1, 128), (62, 128), (63, 192), (64, 192), (126, 192), (127, 256),
                                           (500, 576), (1000, 1088)])
