@@ -12,6 +12,7 @@ import re
 import threading
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from asgi_client import call, run, until, wait_until
@@ -273,6 +274,29 @@ def test_every_default_a_help_text_states_is_the_parsers():
             assert same, (command, action.option_strings, action.default, action.help)
             checked.append((command, action.dest))
     assert len(checked) >= 10, checked
+
+
+def test_quantize_embeddings_quantizes_the_embeddings_and_the_head_too(tmp_path, capsys):
+    """`quantize --quantize-embeddings` (RTN): embed and head become quantized weights,
+    within one quantization step of their float values; without it they stay as stored."""
+    from tinyloop.model.modelfile import ModelFile
+    from tinyloop.model.quant import QuantizedTensor, dequantize
+    source = tmp_path / "tiny.tinyloop"
+    make_test_model(source, "tiny-looped", seed=0)                          # an untied head
+    for flag, out in [(True, tmp_path / "q-emb.tinyloop"), (False, tmp_path / "q.tinyloop")]:
+        assert main(["quantize", str(source), str(out), "--bits", "8", "--group-size", "32", "--method", "rtn",
+                     *(["--quantize-embeddings"] if flag else [])]) == 0
+        with ModelFile(source) as original, ModelFile(out) as quantized:
+            for name in ("embed.weight", "head.weight"):
+                stored = quantized.get(name)
+                assert isinstance(stored, QuantizedTensor) is flag, (name, flag)
+                if flag:
+                    dense = np.asarray(original.get(name), np.float32)
+                    groups = dense.reshape(dense.shape[0], -1, 32)
+                    step = (groups.max(axis=-1) - groups.min(axis=-1)) / 255                  # 8 bits, groups of 32
+                    error = np.abs(dequantize(stored)[:, :dense.shape[1]] - dense).reshape(groups.shape)
+                    assert (error <= step[..., None] + 1e-3).all(), name
+    capsys.readouterr()
 
 
 # ------------------------------------------------------------------ KV cache modes
