@@ -145,6 +145,56 @@ def test_metrics_count_exactly_what_was_served(model_path):
     app.state.shutdown()
 
 
+@pytest.mark.parametrize("path, body, role_chunks", [
+    ("/generate", {"prompt": "Hi"}, 0),
+    ("/v1/completions", {"model": "tl", "prompt": "Hi"}, 0),
+    (CHAT, {"model": "tl", "messages": HELLO}, 1),
+])
+def test_a_queued_stream_sends_its_headers_at_admission_and_no_token_until_it_starts(model_path, path, body,
+                                                                                     role_chunks):
+    """README (Serving at scale): a stream's headers are sent when the replica admits it
+    (so nginx never retries it), and a queued stream sends nothing more until it starts
+    (chat streams: their opening role chunk), hence the long proxy_read_timeout."""
+    app = ready_app(model_path, max_waiting=1)
+    engine = app.state.engine
+
+    async def scenario():
+        first = asyncio.ensure_future(call(app, "POST", "/generate", {"prompt": "Hi", "max_tokens": 300,
+                                                                      "loops": 8}))
+        await until(lambda: engine.running == 1, "the first generation to start")
+        sent, request = [], [{"type": "http.request", "body": orjson.dumps({**body, "max_tokens": 3,
+                                                                            "stream": True}), "more_body": False}]
+
+        async def receive():
+            if request:
+                return request.pop()
+            await asyncio.sleep(WAIT_S)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+                 "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer test-key")]}
+        queued = asyncio.ensure_future(app(scope, receive, send))
+        await until(lambda: engine.waiting == 1 and sent, "the stream to be admitted and answered")
+        await asyncio.sleep(0.05)
+        while_waiting = list(sent)
+        await asyncio.wait_for(first, WAIT_S)
+        await asyncio.wait_for(queued, WAIT_S)
+        return while_waiting, sent
+
+    while_waiting, sent = run(scenario())
+    assert while_waiting[0]["type"] == "http.response.start" and while_waiting[0]["status"] == 200
+    assert dict(while_waiting[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
+    assert len(while_waiting) == 1 + role_chunks, while_waiting
+    if role_chunks:
+        assert orjson.loads(while_waiting[1]["body"][len(b"data: "):])["choices"][0]["delta"] == {
+            "role": "assistant"}
+    assert sent[-1]["body"] == b"data: [DONE]\n\n" and len(sent) > len(while_waiting) + 1
+    app.state.shutdown()
+
+
 # ------------------------------------------------------------------ Settings
 def _clean_env(monkeypatch, home: Path):
     for name in list(os.environ):
