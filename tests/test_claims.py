@@ -508,6 +508,25 @@ def test_keep_alive_is_accepted_and_changes_nothing(model_path, path):
     app.state.shutdown()
 
 
+@pytest.mark.parametrize("arguments, status", [('{"city": "Paris"}', 200), ('{"q": "</tool_call> <b> & x"}', 200),
+                                               ("{}", 200), ("[1]", 400), ('"Paris"', 400), ("5", 400),
+                                               ("null", 400), ("{oops", 400), (None, 422)])
+def test_history_tool_call_arguments_are_json_text_of_an_object(model_path, arguments, status):
+    """README (Agents): assistant history `tool_calls` carry arguments as JSON text of an
+    object (anything else: 400 naming the field; not a string: 422); any object is
+    representable, tags and `&` included."""
+    app = ready_app(model_path)
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+                {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]
+    response = post(app, CHAT, {"model": "tl", "messages": messages, "max_tokens": 2})
+    assert response.status == status, response.body
+    if status != 200:
+        assert response.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+    app.state.shutdown()
+
+
 # ------------------------------------------------------------------ Command line: new-model presets
 def test_new_model_presets_have_the_readmes_shapes():
     """The README's preset table, written out; doc-407m's ~405M parameters counted here
