@@ -238,3 +238,12 @@ def test_top_logprobs_go_up_to_20():
     logits = np.arange(30, dtype=np.float64)
     _, report = Sampler(SamplingParams(), 30, top_logprobs=20).sample_with_logprobs(logits)
     assert [i for i, _ in report.top] == list(range(29, 9, -1))
+
+
+def test_logit_bias_values_are_limited_to_plus_minus_100_inclusive():
+    """The engine refuses a bias outside [-100, 100] itself (not only the HTTP layer)."""
+    assert SamplingParams(logit_bias=((1, 100.0), (2, -100.0))).logit_bias == ((1, 100.0), (2, -100.0))
+    for bias in (100.5, -100.5, float("nan")):
+        with pytest.raises(RequestError) as info:
+            SamplingParams(logit_bias=((1, bias),))
+        assert info.value.param == "logit_bias"
