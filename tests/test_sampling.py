@@ -247,3 +247,32 @@ def test_logit_bias_values_are_limited_to_plus_minus_100_inclusive():
         with pytest.raises(RequestError) as info:
             SamplingParams(logit_bias=((1, bias),))
         assert info.value.param == "logit_bias"
+
+
+def test_assuming_with_a_grammar_assumes_the_path_in_both_and_restores_both():
+    """A draft path under a grammar: inside `assuming`, the constraint sees the path and the
+    penalties count it; on exit both are back (a stand-in constraint records the calls)."""
+    from contextlib import contextmanager
+
+    class Constraint:
+        def __init__(self):
+            self.assumed = []
+
+        @contextmanager
+        def assuming(self, tokens):
+            self.assumed.append(list(tokens))
+            yield
+            self.assumed.pop()
+
+        def apply(self, scores):
+            pass
+
+    constraint = Constraint()
+    sampler = Sampler(SamplingParams(presence_penalty=1.0), 4, constraint=constraint)
+    ran = []
+    with sampler.assuming([2, 2]):
+        ran.append(True)
+        assert constraint.assumed == [[2, 2]]
+        assert sampler.shaped(np.zeros(4)).tolist() == [0.0, 0.0, -1.0, 0.0]
+    assert ran == [True] and constraint.assumed == []
+    assert sampler.shaped(np.zeros(4)).tolist() == [0.0, 0.0, 0.0, 0.0]
