@@ -276,3 +276,19 @@ def test_assuming_with_a_grammar_assumes_the_path_in_both_and_restores_both():
         assert sampler.shaped(np.zeros(4)).tolist() == [0.0, 0.0, -1.0, 0.0]
     assert ran == [True] and constraint.assumed == []
     assert sampler.shaped(np.zeros(4)).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_grammar_mask_applies_after_penalties_and_bias():
+    """README (Generation semantics): logit_bias and a grammar mask apply after the
+    penalties; a refused token can never be drawn (a stand-in constraint refuses id 1)."""
+    class RefuseOne:
+        def apply(self, scores):
+            self.saw = scores.copy()
+            scores[1] = -np.inf
+
+    constraint = RefuseOne()
+    sampler = Sampler(SamplingParams(repetition_penalty=2.0, logit_bias=((1, 4.0),)), 3, prompt_ids=[1],
+                      constraint=constraint)
+    out = sampler.shaped(np.array([1.0, 4.0, 2.0]))
+    assert constraint.saw.tolist() == [1.0, 6.0, 2.0]                      # 4 / 2 + 4: penalised, then biased
+    assert out.tolist() == [1.0, -np.inf, 2.0] and sampler.greedy_token(np.array([1.0, 4.0, 2.0])) == 2
