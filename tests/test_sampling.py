@@ -292,3 +292,14 @@ def test_the_grammar_mask_applies_after_penalties_and_bias():
     out = sampler.shaped(np.array([1.0, 4.0, 2.0]))
     assert constraint.saw.tolist() == [1.0, 6.0, 2.0]                      # 4 / 2 + 4: penalised, then biased
     assert out.tolist() == [1.0, -np.inf, 2.0] and sampler.greedy_token(np.array([1.0, 4.0, 2.0])) == 2
+
+
+@pytest.mark.parametrize("shift", [1000.0, -1000.0, 0.0])
+def test_sampling_probabilities_do_not_overflow_for_large_logits(shift):
+    """Softmax relative to the best score: logits far from 0 (either side) give the same
+    finite distribution as the same logits near 0 (written out: 1 : e^-1 : e^-3)."""
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=0), 3)
+    probs = sampler.probabilities(np.array([3.0, 2.0, 0.0]) + shift)
+    total = 1 + math.exp(-1) + math.exp(-3)
+    assert probs.tolist() == pytest.approx([1 / total, math.exp(-1) / total, math.exp(-3) / total], rel=1e-12)
+    assert sampler.sample(np.array([3.0, 2.0, 0.0]) + shift) in (0, 1, 2)
