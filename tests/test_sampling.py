@@ -158,7 +158,7 @@ def test_draw_is_an_inverse_cdf_of_one_uniform():
     ("temperature", 0.0, 2.0, -0.01, 2.01), ("top_p", 0.0, 1.0, -0.01, 1.01),
     ("repetition_penalty", 1e-9, 10.0, 0.0, 10.01), ("presence_penalty", -2.0, 2.0, -2.01, 2.01),
     ("frequency_penalty", -2.0, 2.0, -2.01, 2.01), ("seed", 0, 2 ** 64 - 1, -1, 2 ** 64),
-    ("top_k", 0, 10 ** 6, -1, None),
+    ("top_k", 0, 10 ** 6, -1, None), ("min_p", 0.0, 1.0, -0.01, 1.01),
 ])
 def test_parameter_limits_are_inclusive(field, low, high, below, above):
     assert getattr(SamplingParams(**{field: low}), field) == low
