@@ -303,3 +303,22 @@ def test_sampling_probabilities_do_not_overflow_for_large_logits(shift):
     total = 1 + math.exp(-1) + math.exp(-3)
     assert probs.tolist() == pytest.approx([1 / total, math.exp(-1) / total, math.exp(-3) / total], rel=1e-12)
     assert sampler.sample(np.array([3.0, 2.0, 0.0]) + shift) in (0, 1, 2)
+
+
+def test_observing_a_token_advances_the_grammar_and_the_penalties():
+    class Recorder:
+        def __init__(self):
+            self.advanced = []
+
+        def advance(self, token):
+            self.advanced.append(token)
+
+        def apply(self, scores):
+            pass
+
+    constraint = Recorder()
+    sampler = Sampler(SamplingParams(frequency_penalty=0.5), 4, constraint=constraint)
+    for token in (2, 2, 3):
+        sampler.observe(token)
+    assert constraint.advanced == [2, 2, 3]
+    assert sampler.shaped(np.zeros(4)).tolist() == [0.0, 0.0, -1.0, -0.5]
