@@ -117,6 +117,10 @@ def test_an_unknown_mode_is_refused_with_the_modes_allowed():
     assert check_mode("int4-h") == "int4-h"
     with pytest.raises(ValueError, match="KV cache mode must be one of fp16, int8, int4, int4-h, fp32, got 'int2'"):
         check_mode("int2")
+    for make in (lambda: store_for("int2"), lambda: bytes_per_row("int2", 2, 32),
+                 lambda: KVStorage("int2", 1, 2, 64, 32)):           # the CPU store refuses it too, not fp32
+        with pytest.raises(ValueError, match="KV cache mode must be one of"):
+            make()
 
 
 def test_hadamard_orders_and_refusals():

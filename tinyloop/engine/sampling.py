@@ -238,15 +238,11 @@ class Sampler:
         return index
 
 
-def next_tokens(sampler: Sampler, backend, logits) -> list[int]:
-    """One token per row of device logits (T, V). Greedy without penalties, bias, grammar
-    or logprobs asks the backend for the argmax, so only ids cross to the host; anything
-    else brings the rows over and uses the float64 host sampler (the reference)."""
-    return [token for token, _ in next_tokens_with_logprobs(sampler, backend, logits)]
-
-
 def next_tokens_with_logprobs(sampler: Sampler, backend, logits) -> list[tuple]:
-    """[(token id, TokenLogprobs or None)] per row of device logits (T, V)."""
+    """[(token id, TokenLogprobs or None)] per row of device logits (T, V). Greedy without
+    penalties, bias, grammar or logprobs asks the backend for the argmax, so only ids cross
+    to the host; anything else brings the rows over and uses the float64 host sampler (the
+    reference)."""
     if sampler.params.greedy and not sampler.needs_host:
         return [(int(t), None) for t in backend.argmax(logits)]
     return [sampler.sample_with_logprobs(row) for row in backend.to_host(logits)]
