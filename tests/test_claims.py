@@ -605,6 +605,43 @@ def test_every_test_named_in_claims_md_exists():
 
 
 # ------------------------------------------------------------------ Self-speculative decoding
+@pytest.mark.parametrize("branches", [1, 3])
+def test_the_verify_pass_reuses_the_drafts_prelude_and_first_draft_loops_iterations(tiny, monkeypatch, branches):
+    """Count the rows each layer instance (KV slot) runs after the prompt: every drafted node
+    passes through the prelude and the first draft_loops iterations once (drafting it), and
+    through the verify's deeper iterations once. A verify that recomputed the shared part
+    would run the prelude twice per node; one that skipped reuse would break exactness too,
+    but a recompute would not, so only a count shows it."""
+    from collections import Counter
+
+    from tinyloop.engine.speculative import SpeculativeParams
+    model, config = tiny.model, tiny.model.config
+    draft, verify = 2, 6
+    prompt = [5, 6, 7]
+    rows = Counter()
+    layer = type(model).layer
+
+    def counting(self, weights, h, plan, cache, slot, capture=None, kept=None):
+        if plan.exact:                                       # decode steps, drafts, verifies; not the prefill
+            rows[slot] += h.shape[0]
+        return layer(self, weights, h, plan, cache, slot, capture, kept)
+    monkeypatch.setattr(type(model), "layer", counting)
+    params = SpeculativeParams(draft, verify, 3, branches)
+    spec = generate(model, GenerationRequest(prompt, 24, ignore_eos=True, mode="speculative" if branches == 1
+                                             else "tree_speculative", speculative=params))
+    P, C = config.n_prelude, config.n_core
+    prelude_rows = rows[0]
+    assert prelude_rows > 0 and spec.speculative.rounds > 1
+    for iteration in range(verify):
+        for index in range(C):
+            slot = P + iteration * C + index
+            # the same rows through every core iteration, shared (< draft) or verify-only (>= draft)
+            assert rows[slot] == prelude_rows, (iteration, index, rows[slot], prelude_rows)
+    monkeypatch.undo()
+    plain = generate(model, GenerationRequest(prompt, 24, loops=verify, ignore_eos=True))
+    assert spec.tokens == plain.tokens
+
+
 def test_the_readmes_python_entry_point_for_speculative_decoding_exists_and_is_exact(tiny):
     """The README names the Python call; read the names from the README, import them,
     and run a greedy chain: it must equal plain generation at verify_loops."""
