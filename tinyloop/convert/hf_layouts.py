@@ -226,30 +226,37 @@ def raven_config(hf, generation, add_bos, name) -> ModelConfig:
         name=name)
 
 
-def raven_pieces(c: ModelConfig, hf: dict) -> list[Piece]:
+def raven_pieces(c: ModelConfig, hf: dict, sandwich: bool = True, llama_rope: bool = False) -> list[Piece]:
+    """The RavenForCausalLM tensors: Huginn's sandwich blocks (norm_1..norm_4, its own
+    interleaved RoPE), or with sandwich=False and llama_rope=True the retrofitted layout's
+    pre-norm Llama blocks (norm_1, norm_2; q/k rows in rotate-half order, permuted)."""
     q, kv, ffn = c.q_dim, c.kv_dim, c.ffn_dim
+
+    def keep(w):
+        return w
+    q_perm = rotate_half_to_interleaved(c.n_heads, c.head_dim) if llama_rope else keep
+    k_perm = rotate_half_to_interleaved(c.n_kv_heads, c.head_dim) if llama_rope else keep
     pieces = [Piece("embed.weight", "transformer.wte.weight"), Piece("final_norm.weight", "transformer.ln_f.weight"),
               Piece("adapter.weight", "transformer.adapter.weight")]
     for stage, source_stage, count in (("prelude", "prelude", c.n_prelude), ("core", "core_block", c.n_core),
                                        ("coda", "coda", c.n_coda)):
         for i in range(count):
             src, dst = f"transformer.{source_stage}.{i}", f"{stage}.{i}"
+            norms = ({"attn_norm": 1, "attn_post_norm": 2, "mlp_norm": 3, "mlp_post_norm": 4} if sandwich
+                     else {"attn_norm": 1, "mlp_norm": 2})
+            pieces += [Piece(f"{dst}.{name}.weight", f"{src}.norm_{n}.weight") for name, n in norms.items()]
             pieces += [
-                Piece(f"{dst}.attn_norm.weight", f"{src}.norm_1.weight"),
-                Piece(f"{dst}.attn.q.weight", f"{src}.attn.Wqkv.weight", rows(0, q)),
-                Piece(f"{dst}.attn.k.weight", f"{src}.attn.Wqkv.weight", rows(q, q + kv)),
+                Piece(f"{dst}.attn.q.weight", f"{src}.attn.Wqkv.weight", lambda w: q_perm(w[0:q])),
+                Piece(f"{dst}.attn.k.weight", f"{src}.attn.Wqkv.weight", lambda w: k_perm(w[q:q + kv])),
                 Piece(f"{dst}.attn.v.weight", f"{src}.attn.Wqkv.weight", rows(q + kv, q + 2 * kv)),
                 Piece(f"{dst}.attn.o.weight", f"{src}.attn.proj.weight"),
-                Piece(f"{dst}.attn_post_norm.weight", f"{src}.norm_2.weight"),
-                Piece(f"{dst}.mlp_norm.weight", f"{src}.norm_3.weight"),
                 Piece(f"{dst}.mlp.gate.weight", f"{src}.mlp.fc.weight", rows(0, ffn)),
                 Piece(f"{dst}.mlp.up.weight", f"{src}.mlp.fc.weight", rows(ffn, 2 * ffn)),
                 Piece(f"{dst}.mlp.down.weight", f"{src}.mlp.proj.weight"),
-                Piece(f"{dst}.mlp_post_norm.weight", f"{src}.norm_4.weight"),
             ]
-            if c.qk_bias:       # qk_bias: (2, 1, heads, hd), q's then k's, added before RoPE
-                pieces += [Piece(f"{dst}.attn.q.bias", f"{src}.attn.qk_bias", lambda b: b[0].reshape(-1)),
-                           Piece(f"{dst}.attn.k.bias", f"{src}.attn.qk_bias", lambda b: b[1].reshape(-1))]
+            if c.qk_bias:       # qk_bias: (2, 1, heads, hd), q's then k's, added before RoPE: permuted like their rows
+                pieces += [Piece(f"{dst}.attn.q.bias", f"{src}.attn.qk_bias", lambda b: q_perm(b[0].reshape(-1))),
+                           Piece(f"{dst}.attn.k.bias", f"{src}.attn.qk_bias", lambda b: k_perm(b[1].reshape(-1)))]
     if not c.tied_head:
         pieces.append(Piece("head.weight", "lm_head.weight"))
     return pieces
@@ -260,7 +267,7 @@ def layout(hf: dict, generation: dict, add_bos: bool, name: str, tensor_names=()
     """tensor_names: the checkpoint's stored tensors (two layouts share the name RavenForCausalLM);
     tokenizer_ids: {"bos", "eos"} ids of the tokenizer's own special tokens."""
     # imported here: hf_retrofit builds on this module's helpers
-    from tinyloop.convert.hf_retrofit import is_retrofitted, retrofit_config, retrofit_pieces
+    from tinyloop.convert.hf_retrofit import is_retrofitted, retrofit_config
     arch = architecture(hf)
     try:
         if arch == "LlamaForCausalLM":
@@ -271,7 +278,7 @@ def layout(hf: dict, generation: dict, add_bos: bool, name: str, tensor_names=()
             return config, llama_pieces(config, hf, ouro=True)
         if is_retrofitted(tensor_names):
             config = retrofit_config(hf, generation, add_bos, name, tokenizer_ids or {})
-            return config, retrofit_pieces(config, hf)
+            return config, raven_pieces(config, hf, sandwich=False, llama_rope=True)
         config = raven_config(hf, generation, add_bos, name)
         return config, raven_pieces(config, hf)
     except KeyError as exc:

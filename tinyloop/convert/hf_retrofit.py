@@ -20,14 +20,11 @@ variant (post-norms plus q_norm/k_norm) is refused by name.
 from __future__ import annotations
 
 from tinyloop.convert.hf_layouts import (
-    Piece,
     _eos,
     _refuse_if,
     check_raven_options,
     raven_init_values,
     rope_scaling_options,
-    rotate_half_to_interleaved,
-    rows,
 )
 from tinyloop.convert.safetensors_dir import CheckpointError
 from tinyloop.model.config import MAX_LOOPS_LIMIT, ModelConfig
@@ -93,36 +90,3 @@ def retrofit_config(hf, generation, add_bos, name, tokenizer_ids: dict) -> Model
         input_injection="concat", post_norm="none", loop_norm="none", initial_state="random",
         state_std=std * embed_scale, qk_bias=bool(hf.get("qk_bias", True)), embed_scale=embed_scale,
         bos_token_id=int(bos) if add_bos and bos is not None else None, eos_token_ids=eos, name=name)
-
-
-def _then(first, second):
-    return lambda w: second(first(w))
-
-
-def retrofit_pieces(c: ModelConfig, hf: dict) -> list[Piece]:
-    q, kv, ffn = c.q_dim, c.kv_dim, c.ffn_dim
-    q_perm = rotate_half_to_interleaved(c.n_heads, c.head_dim)
-    k_perm = rotate_half_to_interleaved(c.n_kv_heads, c.head_dim)
-    pieces = [Piece("embed.weight", "transformer.wte.weight"), Piece("final_norm.weight", "transformer.ln_f.weight"),
-              Piece("adapter.weight", "transformer.adapter.weight")]
-    for stage, source_stage, count in (("prelude", "prelude", c.n_prelude), ("core", "core_block", c.n_core),
-                                       ("coda", "coda", c.n_coda)):
-        for i in range(count):
-            src, dst = f"transformer.{source_stage}.{i}", f"{stage}.{i}"
-            pieces += [
-                Piece(f"{dst}.attn_norm.weight", f"{src}.norm_1.weight"),
-                Piece(f"{dst}.attn.q.weight", f"{src}.attn.Wqkv.weight", _then(rows(0, q), q_perm)),
-                Piece(f"{dst}.attn.k.weight", f"{src}.attn.Wqkv.weight", _then(rows(q, q + kv), k_perm)),
-                Piece(f"{dst}.attn.v.weight", f"{src}.attn.Wqkv.weight", rows(q + kv, q + 2 * kv)),
-                Piece(f"{dst}.attn.o.weight", f"{src}.attn.proj.weight"),
-                Piece(f"{dst}.mlp_norm.weight", f"{src}.norm_2.weight"),
-                Piece(f"{dst}.mlp.gate.weight", f"{src}.mlp.fc.weight", rows(0, ffn)),
-                Piece(f"{dst}.mlp.up.weight", f"{src}.mlp.fc.weight", rows(ffn, 2 * ffn)),
-                Piece(f"{dst}.mlp.down.weight", f"{src}.mlp.proj.weight"),
-            ]
-            if c.qk_bias:       # (2, 1, heads, hd), added before RoPE: permuted like the rows they follow
-                pieces += [Piece(f"{dst}.attn.q.bias", f"{src}.attn.qk_bias", lambda b: q_perm(b[0].reshape(-1))),
-                           Piece(f"{dst}.attn.k.bias", f"{src}.attn.qk_bias", lambda b: k_perm(b[1].reshape(-1)))]
-    if not c.tied_head:
-        pieces.append(Piece("head.weight", "lm_head.weight"))
-    return pieces
