@@ -4,49 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tinyloop.argtypes import non_negative_int, port_number, positive_float, positive_int
 from tinyloop.backends.select import DEVICES
 from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port, 1-65535, got {text!r}")
-    return value
 
 
 def bind_address(host: str) -> str:

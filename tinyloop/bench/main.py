@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from tinyloop.argtypes import non_negative_seconds, positive_int
+from tinyloop.backends.select import DEVICES
 from tinyloop.errors import TinyLoopError
 
 DESCRIPTION = """\
@@ -44,20 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "model was converted from)")
     parser.add_argument("--llama-python", metavar="PATH", help="the Python interpreter that runs llama.cpp's worker "
                                                                "(one with llama-cpp-python; default: this one)")
-    parser.add_argument("--threads", type=_positive_int, default=threads_default(), metavar="N",
+    parser.add_argument("--threads", type=positive_int, default=threads_default(), metavar="N",
                         help="llama.cpp threads (default: the CPUs this process may use)")
     parser.add_argument("--baseline", metavar="CHECKOUT", help="another TinyLoop checkout, measured side by side")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP comparison")
     parser.add_argument("--http-only", action="store_true", help="only the HTTP comparison")
-    parser.add_argument("--rounds", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--rounds", type=positive_int, default=None, metavar="N",
                         help="timed runs per figure (default 5, quick 3)")
-    parser.add_argument("--settle", type=_non_negative_float, default=None, metavar="SECONDS",
+    parser.add_argument("--settle", type=non_negative_seconds, default=None, metavar="SECONDS",
                         help="seconds of quiet before each run (default 0.3, quick 0.05)")
-    parser.add_argument("--prompt-lengths", type=_positive_int, nargs="+", default=None, metavar="N",
+    parser.add_argument("--prompt-lengths", type=positive_int, nargs="+", default=None, metavar="N",
                         help="prefill prompt lengths (default 32 128 512, quick 32 128)")
-    parser.add_argument("--context", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--context", type=positive_int, default=None, metavar="N",
                         help="prompt tokens before generation (default 128, quick 64)")
-    parser.add_argument("--decode-tokens", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--decode-tokens", type=positive_int, default=None, metavar="N",
                         help="tokens per generation (default 64, quick 16)")
     parser.add_argument("--loops", type=int, nargs="+", default=None, metavar="N",
                         help="loop counts for decode (default: the model's fewest, default and up to twice default)")
@@ -67,30 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-speculative", action="store_true", help="skip speculative and tree decoding")
     parser.add_argument("--kv-cache", nargs="+", default=None, choices=KV_MODES, metavar="MODE",
                         help=f"also measure these KV cache modes ({', '.join(KV_MODES)})")
-    parser.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+    parser.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
                         help="TinyLoop's device: auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
     parser.add_argument("--cache-dir", default=os.environ.get("TMPDIR", "/tmp"), metavar="DIR",
                         help="where preset:NAME models are written (default $TMPDIR or /tmp)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
 
 
 def _setting(text: str) -> tuple:
