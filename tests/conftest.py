@@ -33,6 +33,23 @@ def tiny_gpt(model_dir):
     return load_model(path)
 
 
+@pytest.fixture
+def granian_started(monkeypatch):
+    """`tinyloop serve` run up to where Granian would start: Granian replaced by a stand-in
+    that records the keyword arguments of each server made (address, port, ...)."""
+    import granian
+    made: list[dict] = []
+
+    class StandIn:
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+
+        def serve(self):
+            pass
+    monkeypatch.setattr(granian, "Granian", StandIn)
+    return made
+
+
 # -- the exactness matrix's reduced set (scripts/exactness_matrix.py) --------------------------
 def pytest_addoption(parser):
     parser.addoption("--exactness-reduced", action="store_true",

@@ -378,27 +378,17 @@ def test_the_default_kv_pool_is_the_largest_request_capped_at_4_gib_and_a_quarte
     ({"TINYLOOP_KV_INT8": "1", "TINYLOOP_KV_INT4": "1"}, ("TINYLOOP_KV_INT8", "TINYLOOP_KV_INT4")),
     ({"TINYLOOP_KV_CACHE": "fp32", "TINYLOOP_KV_INT8": "1"}, ("TINYLOOP_KV_CACHE", "TINYLOOP_KV_INT8")),
 ])
-def test_kv_settings_that_disagree_stop_serve_at_startup_naming_them(tmp_path, monkeypatch, capsys, env, named):
+def test_kv_settings_that_disagree_stop_serve_at_startup_naming_them(tmp_path, monkeypatch, capsys, env, named,
+                                                                    granian_started):
     """README (KV cache modes): settings that disagree stop the server at startup with a
     message naming them: `tinyloop serve` exits 2 before Granian would start."""
-    import granian
-    started = []
-
-    class NoServer:
-        def __init__(self, *args, **kwargs):
-            started.append(True)
-
-        def serve(self):
-            pass
-
-    monkeypatch.setattr(granian, "Granian", NoServer)
     _clean_env(monkeypatch, tmp_path)
     monkeypatch.setenv("TINYLOOP_API_KEY", "k" * 32)
     path = tmp_path / "m.tinyloop"
     make_test_model(path, "tiny-looped", seed=0)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert main(["serve", "--model", str(path)]) == 2 and not started
+    assert main(["serve", "--model", str(path)]) == 2 and not granian_started
     err = capsys.readouterr().err
     assert err.startswith("tinyloop: error:") and all(name in err for name in named), err
 

@@ -74,20 +74,11 @@ SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH
 
 
 @pytest.fixture
-def serve_settings(tmp_path, monkeypatch):
+def serve_settings(tmp_path, monkeypatch, granian_started):
     """Run `tinyloop serve ...` up to the point Granian would start; return the settings the
     server would read (from the environment the command leaves)."""
-    import granian
-
     from asgi.settings import Settings
 
-    class NoServer:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def serve(self):
-            pass
-    monkeypatch.setattr(granian, "Granian", NoServer)
     for name in SERVE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TINYLOOP_API_KEY", "k" * 32)
@@ -178,19 +169,9 @@ def test_serve_refuses_bad_flags_in_one_line_before_starting(serve_settings, cap
     assert code == 2 and message in err and "Traceback" not in err, err
 
 
-def test_serve_binds_a_host_name_as_its_address(serve_settings, monkeypatch):
-    import granian
-    seen = {}
-
-    class Recorder:
-        def __init__(self, *args, **kwargs):
-            seen.update(kwargs)
-
-        def serve(self):
-            pass
-    monkeypatch.setattr(granian, "Granian", Recorder)
+def test_serve_binds_a_host_name_as_its_address(serve_settings, granian_started):
     serve_settings("--host", "localhost")
-    assert seen["address"] in ("127.0.0.1", "::1")
+    assert granian_started[-1]["address"] in ("127.0.0.1", "::1")
 
 
 def test_serve_refuses_a_port_another_server_listens_on(serve_settings, capsys, tmp_path):

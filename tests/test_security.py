@@ -102,18 +102,8 @@ def test_loopback_addresses(host, loopback):
 
 
 @pytest.fixture
-def serve(tmp_path, monkeypatch, model_path):
+def serve(tmp_path, monkeypatch, model_path, granian_started):
     """`tinyloop serve ...` up to where Granian would start; returns its stderr."""
-    import granian
-
-    class NoServer:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def serve(self):
-            pass
-
-    monkeypatch.setattr(granian, "Granian", NoServer)
     for name in SERVE_SETS:
         monkeypatch.setenv(name, "")         # recorded, so what `serve` writes to os.environ is undone
         monkeypatch.delenv(name)

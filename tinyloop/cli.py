@@ -194,7 +194,6 @@ def cmd_serve(args) -> int:
     from asgi.settings import Settings, default_state_dir
 
     host = bind_address(args.host)
-    check_port_free(host, args.port)
     model = args.model or os.environ.get("TINYLOOP_MODEL_PATH")
     if not model:
         from tinyloop.convert.pull import ensure_default_model
@@ -230,6 +229,7 @@ def cmd_serve(args) -> int:
         print(f"tinyloop serve: WARNING: binding {host} (not loopback) with authentication OFF: anyone "
               "who can reach this address can use the server; drop --no-auth or bind 127.0.0.1", file=sys.stderr)
     print(f"tinyloop serve: model {env['TINYLOOP_MODEL_PATH']}", file=sys.stderr)
+    check_port_free(host, args.port)          # last: every setting above is checked first
     shown = f"[{host}]" if ":" in host else host
     print(f"tinyloop serve: http://{shown}:{args.port}/v1 (OpenAI), /api/v0, /generate; {auth}",
           file=sys.stderr)
