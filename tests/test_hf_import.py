@@ -256,6 +256,13 @@ def copy_layout(tmp_path, layout) -> Path:
     return target
 
 
+def add_tensor(directory: Path, name: str, value: np.ndarray):
+    """Rewrite a one-file checkpoint copy with one more tensor."""
+    stored = SafetensorsDir(directory)
+    tensors = {n: np.array(stored.get(n)) for n in stored.tensors}
+    save_file({**tensors, name: value}, str(directory / "model.safetensors"))
+
+
 def edit_config(directory: Path, **changes):
     config = json.loads((directory / "config.json").read_text())
     config.update(changes)
@@ -323,10 +330,7 @@ def test_a_failed_conversion_leaves_no_output(tmp_path):
 
 def test_extra_tensors_are_refused(tmp_path):
     directory = copy_layout(tmp_path, "ouro")
-    stored = SafetensorsDir(directory)
-    tensors = {name: np.array(stored.get(name)) for name in stored.tensors}
-    tensors["model.layers.0.self_attn.q_norm.weight"] = np.ones(8, np.float32)
-    save_file(tensors, str(directory / "model.safetensors"))
+    add_tensor(directory, "model.layers.0.self_attn.q_norm.weight", np.ones(8, np.float32))
     with pytest.raises(CheckpointError, match="q_norm"):
         convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
 
@@ -334,10 +338,7 @@ def test_extra_tensors_are_refused(tmp_path):
 def test_retrofit_qk_norm_is_refused(tmp_path):
     """The authors' OLMo-2 variant stores q_norm / k_norm in the same layout: refused by name."""
     directory = copy_layout(tmp_path, "retrofit")
-    stored = SafetensorsDir(directory)
-    tensors = {name: np.array(stored.get(name)) for name in stored.tensors}
-    tensors["transformer.core_block.0.attn.q_norm.weight"] = np.ones(32, np.float32)
-    save_file(tensors, str(directory / "model.safetensors"))
+    add_tensor(directory, "transformer.core_block.0.attn.q_norm.weight", np.ones(32, np.float32))
     with pytest.raises(CheckpointError, match="QK-norm .*q_norm"):
         convert_hf(directory, tmp_path / "out.tinyloop", progress=False)
 
