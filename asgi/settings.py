@@ -19,11 +19,6 @@ def _seconds(name: str, default: float) -> float:
                       lambda n: 0 <= n < float("inf"), ">= 0 seconds")
 
 
-def graphs_enabled() -> bool:
-    from tinyloop.backends.cuda.graphs import graphs_enabled as read
-    return read()
-
-
 def _device() -> str | None:
     """TINYLOOP_DEVICE, its name checked at start: a typo is a startup error, not a server
     that comes up answering 503 to everything (whether CUDA is there is checked at load)."""
@@ -53,10 +48,11 @@ class Settings:
     kv_mode: str = "fp16"
     kv_budget_bytes: int | None = None
     drain_timeout_s: float = 30.0  # after SIGTERM: how long admitted generations may still run
-    cuda_graphs: bool = True       # TINYLOOP_CUDA_GRAPHS (read by the CUDA backend; checked here at start)
 
     @classmethod
     def from_env(cls) -> "Settings":
+        from tinyloop.backends.cuda.graphs import graphs_enabled
+        graphs_enabled()                    # TINYLOOP_CUDA_GRAPHS: read by the CUDA backend, a typo refused here
         return cls(
             model_path=os.environ.get("TINYLOOP_MODEL_PATH") or None,
             api_key=os.environ.get("TINYLOOP_API_KEY") or None,
@@ -67,7 +63,6 @@ class Settings:
             exit_on_failure=env_flag(os.environ, "TINYLOOP_EXIT_ON_FAILURE"),
             commit=os.environ.get("TINYLOOP_COMMIT") or None,
             device=_device(),
-            cuda_graphs=graphs_enabled(),
             kv_mode=kv_mode_from_env(),
             kv_budget_bytes=kv_budget_from_env(),
             drain_timeout_s=_seconds("TINYLOOP_DRAIN_TIMEOUT", 30.0),

@@ -32,8 +32,8 @@ from tinyloop.model.plan import build_plan
 def graphs_enabled() -> bool:
     """TINYLOOP_CUDA_GRAPHS: on unless 0/false/no/off; a typo is an error (asgi/settings.py
     checks it at start), empty means unset."""
-    return env_flag({k: v for k, v in os.environ.items() if k == "TINYLOOP_CUDA_GRAPHS" and v},
-                    "TINYLOOP_CUDA_GRAPHS", True)
+    value = os.environ.get("TINYLOOP_CUDA_GRAPHS")
+    return env_flag({"TINYLOOP_CUDA_GRAPHS": value} if value else {}, "TINYLOOP_CUDA_GRAPHS", True)
 
 
 @dataclass
