@@ -53,6 +53,8 @@ class Settings:
     def from_env(cls) -> "Settings":
         from tinyloop.backends.cuda.graphs import graphs_enabled
         graphs_enabled()                    # TINYLOOP_CUDA_GRAPHS: read by the CUDA backend, a typo refused here
+        from tinyloop.backends.select import activations_from_env
+        activations_from_env()              # TINYLOOP_ACTIVATIONS: read when the backend is made, checked here
         return cls(
             model_path=os.environ.get("TINYLOOP_MODEL_PATH") or None,
             api_key=os.environ.get("TINYLOOP_API_KEY") or None,

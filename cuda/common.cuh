@@ -18,6 +18,13 @@ __device__ __forceinline__ float tl_sub(float a, float b) { return __fsub_rn(a, 
 __device__ __forceinline__ float tl_mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float tl_div(float a, float b) { return __fdiv_rn(a, b); }
 
+// out[i] = v, as float, or (out_half, fp16 activations) rounded to the nearest half (ties
+// to even, as NumPy's astype(float16)); the flag is uniform over a launch.
+__device__ __forceinline__ void tl_store(void* out, long long i, float v, int out_half) {
+    if (out_half) static_cast<__half*>(out)[i] = __float2half_rn(v);
+    else static_cast<float*>(out)[i] = v;
+}
+
 __device__ __forceinline__ float tl_inf() { return __int_as_float(0x7f800000); }
 
 // exp(x) from +, *, rint and exact power-of-two scaling only, so the harness, the twin

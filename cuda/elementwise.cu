@@ -47,30 +47,33 @@ __device__ float norm_block_sum(float v, float* slots) {
     return slots[TL_NORM_WARPS];
 }
 
-// x: (T, D) with row stride x_stride floats, weight: (D,), out: (T, D) contiguous (may be
-// x itself when x_stride == D: each thread reads its elements before writing them).
+// x: (T, D) with row stride x_stride floats, weight: (D,), out: (T, D) contiguous, float or
+// (out_half: a linear's input under fp16 activations) half; a float out may be x itself
+// when x_stride == D (each thread reads its elements before writing them).
 // One block of TL_NORM_THREADS per row; thread t sums elements t, t + 256, ... in order.
 // out = (x * inv) * weight with inv = 1 / sqrt(sum(x^2) / D + eps), as norms.py orders it.
 extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
-rms_norm(const float* x, int x_stride, const float* weight, float* out, int T, int D, float eps) {
+rms_norm(const float* x, int x_stride, const float* weight, void* out, int out_half, int T, int D, float eps) {
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
-    float* yr = out + (long long)blockIdx.x * D;
+    long long row = (long long)blockIdx.x * D;
     float partial = 0.0f;
     for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) partial = tl_add(partial, tl_mul(xr[i], xr[i]));
     float mean_square = tl_div(norm_block_sum(partial, slots), (float)D);
     float inv = tl_div(1.0f, __fsqrt_rn(tl_add(mean_square, eps)));
-    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) yr[i] = tl_mul(tl_mul(xr[i], inv), weight[i]);
+    for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS)
+        tl_store(out, row + i, tl_mul(tl_mul(xr[i], inv), weight[i]), out_half);
 }
 
 // As rms_norm, with the mean removed first: c = x - sum(x) / D, inv = 1 / sqrt(sum(c^2) / D
-// + eps), out = (c * inv) * weight (+ bias when has_bias; bias is never read otherwise).
+// + eps), out = (c * inv) * weight (+ bias when has_bias; bias is never read otherwise);
+// out as rms_norm's.
 extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
 layer_norm(const float* x, int x_stride, const float* weight, const float* bias, int has_bias,
-           float* out, int T, int D, float eps) {
+           void* out, int out_half, int T, int D, float eps) {
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
-    float* yr = out + (long long)blockIdx.x * D;
+    long long row = (long long)blockIdx.x * D;
     float partial = 0.0f;
     for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) partial = tl_add(partial, xr[i]);
     float mean = tl_div(norm_block_sum(partial, slots), (float)D);
@@ -83,7 +86,7 @@ layer_norm(const float* x, int x_stride, const float* weight, const float* bias,
     float inv = tl_div(1.0f, __fsqrt_rn(tl_add(variance, eps)));
     for (int i = threadIdx.x; i < D; i += TL_NORM_THREADS) {
         float y = tl_mul(tl_mul(tl_sub(xr[i], mean), inv), weight[i]);
-        yr[i] = has_bias ? tl_add(y, bias[i]) : y;
+        tl_store(out, row + i, has_bias ? tl_add(y, bias[i]) : y, out_half);
     }
 }
 
@@ -105,9 +108,10 @@ extern "C" __global__ void rope_rows(float* x, int x_stride, const float* rotati
     }
 }
 
-// up: (T, 2F) = [gate | up], out: (T, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+// up: (T, 2F) = [gate | up], out: (T, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)),
+// float or (out_half: the down projection's input under fp16 activations) half.
 // Grid-stride over the T * F outputs.
-extern "C" __global__ void swiglu(const float* up, float* out, int T, int F) {
+extern "C" __global__ void swiglu(const float* up, void* out, int out_half, int T, int F) {
     long long n = (long long)T * F;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -115,15 +119,15 @@ extern "C" __global__ void swiglu(const float* up, float* out, int T, int F) {
         int col = (int)(i - row * F);
         float g = up[row * 2 * F + col];
         float silu = tl_div(g, tl_add(1.0f, tl_exp(-g)));
-        out[i] = tl_mul(silu, up[row * 2 * F + F + col]);
+        tl_store(out, i, tl_mul(silu, up[row * 2 * F + F + col]), out_half);
     }
 }
 
-// out = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), over n floats (out may
-// alias x). tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|): e is in [0, 1], so
+// out = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), over n floats; out is float
+// (and may alias x) or, with out_half, half. tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|): e is in [0, 1], so
 // nothing overflows; for large |u| e underflows to 0 and tanh is exactly +-1; u = +-inf
 // gives +-1 (as np.tanh), NaN stays NaN.
-extern "C" __global__ void gelu_tanh(const float* x, float* out, int n) {
+extern "C" __global__ void gelu_tanh(const float* x, void* out, int out_half, int n) {
     const float sqrt_2_over_pi = 0.7978845608028654f;
     const float cubic = 0.044715f;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -133,6 +137,6 @@ extern "C" __global__ void gelu_tanh(const float* x, float* out, int n) {
         float e = tl_exp(tl_mul(-2.0f, fabsf(u)));
         float t = tl_div(tl_sub(1.0f, e), tl_add(1.0f, e));
         t = u < 0.0f ? -t : t;
-        out[i] = tl_mul(tl_mul(0.5f, v), tl_add(1.0f, t));
+        tl_store(out, i, tl_mul(tl_mul(0.5f, v), tl_add(1.0f, t)), out_half);
     }
 }

@@ -14,9 +14,14 @@
 // The output lands at y[t * y_stride + y_offset + o], so several segments (q|k|v with
 // different layouts) fill one fused output.
 //
+// Activations x are float (x_half = 0) or half (x_half = 1: fp16 activations, half the
+// bytes); either way they are widened to float (exact) as they are staged, so the half
+// path's result is the float path's for the widened inputs, bit for bit. x_stride counts
+// elements of x's own type.
+//
 // Every kernel here takes the same arguments (scale and min typed as above; dense kinds
 // ignore scale/min/groups/group_size and get has_perm = 0):
-//   x, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, min, groups,
+//   x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, min, groups,
 //   group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y, y_stride, y_offset
 //
 // linear_rows_*: the exact path (decode, verify: 1..65 rows). One warp per output column;
@@ -50,7 +55,7 @@
 #define BULK_THREADS 256
 
 struct LinearArgs {
-    const float* x; int x_stride; int n_rows; int rows_per_block;
+    const void* x; int x_half; int x_stride; int n_rows; int rows_per_block;   // x: half or float
     const unsigned int* weights; int words_per_row; int n_out;
     const void* scale; const void* mins; int groups; int group_size;   // half or float: S below
     const int* perm; int has_perm; int stored_in; int in_features;
@@ -117,9 +122,11 @@ struct F32Kind {
 };
 
 // The input feeding stored column j of row t, or 0.0f where j is padding.
+// X: the activations' type (float, or __half: fp16 activations, widened exactly).
+template <class X>
 __device__ __forceinline__ float stored_input(const LinearArgs& a, int t, int j) {
     int source = j < a.stored_in ? (a.has_perm ? a.perm[j] : j) : a.in_features;
-    return source < a.in_features ? a.x[(long long)t * a.x_stride + source] : 0.0f;
+    return source < a.in_features ? widen(static_cast<const X*>(a.x)[(long long)t * a.x_stride + source]) : 0.0f;
 }
 
 // -- the exact rows path ------------------------------------------------------------------------
@@ -130,19 +137,21 @@ __host__ __device__ constexpr int tile_words(int cpw) {
 
 // Stage rows row0..row0+R-1, stored columns col0..col0+TILE_WORDS*CPW-1, slot-major:
 // xs[(r * CPW + slot) * TILE_WORDS + word] (word within the tile).
-template <int CPW, int R>
+template <int CPW, int R, class X>
 __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, float* xs) {
     const int TILE_WORDS = tile_words(CPW), TILE_COLS = TILE_WORDS * CPW;
     for (int i = threadIdx.x; i < R * TILE_COLS; i += LIN_THREADS) {
         int r = i / TILE_COLS, rest = i % TILE_COLS;
         int slot = rest / TILE_WORDS, word = rest % TILE_WORDS;
-        xs[i] = stored_input(a, row0 + r, col0 + word * CPW + slot);
+        xs[i] = stored_input<X>(a, row0 + r, col0 + word * CPW + slot);
     }
 }
 
+
+
 // R rows starting at row0 for this warp's column `o` (all warps of the block call it:
 // it holds barriers).
-template <class Kind, int R>
+template <class Kind, class X, int R>
 __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o, float* xs) {
     const int CPW = Kind::CPW;
     const int TILE_WORDS = tile_words(CPW);
@@ -164,7 +173,7 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
             words[q] = (active && w < a.words_per_row) ? row_words[w] : 0u;
         }
         __syncthreads();                    // the previous tile's readers are done with xs
-        stage_rows<CPW, R>(a, row0, tile * CPW, xs);
+        stage_rows<CPW, R, X>(a, row0, tile * CPW, xs);
         __syncthreads();
         if (!active) continue;
 #pragma unroll
@@ -191,17 +200,24 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
     }
 }
 
-template <class Kind>
-__device__ __forceinline__ void linear_rows(const LinearArgs& a) {
-    __shared__ float xs[LIN_CHUNK * LIN_TILE_COLS];     // 16 KiB
+template <class Kind, class X>
+__device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs) {
     int o = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
     int row = blockIdx.y * a.rows_per_block;
     int end = min(row + a.rows_per_block, a.n_rows);
     // chunk sizes depend only on the block's row count (block-uniform, as the barriers need)
-    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, LIN_CHUNK>(a, row, o, xs);
-    if (end - row >= 4) { rows_chunk<Kind, 4>(a, row, o, xs); row += 4; }
-    if (end - row >= 2) { rows_chunk<Kind, 2>(a, row, o, xs); row += 2; }
-    if (end - row >= 1) rows_chunk<Kind, 1>(a, row, o, xs);
+    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, o, xs);
+    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, o, xs); row += 4; }
+    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, o, xs); row += 2; }
+    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, o, xs);
+}
+
+// The activations' type (x_half) is chosen once per launch: each path is the whole kernel.
+template <class Kind>
+__device__ __forceinline__ void linear_rows(const LinearArgs& a) {
+    __shared__ float xs[LIN_CHUNK * LIN_TILE_COLS];     // 16 KiB
+    if (a.x_half) linear_rows_of<Kind, __half>(a, xs);
+    else linear_rows_of<Kind, float>(a, xs);
 }
 
 // -- the bulk path ------------------------------------------------------------------------------
@@ -224,7 +240,8 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
         for (int i = threadIdx.x; i < BULK_ROWS * BULK_K; i += BULK_THREADS) {
             int r = i / BULK_K, k = i % BULK_K;          // a warp reads one row's 32 columns
             int t = t0 + r;
-            xs[k][r] = t < a.n_rows ? stored_input(a, t, k0 + k) : 0.0f;
+            xs[k][r] = t >= a.n_rows ? 0.0f
+                       : a.x_half ? stored_input<__half>(a, t, k0 + k) : stored_input<float>(a, t, k0 + k);
         }
         for (int i = threadIdx.x; i < BULK_COLS * WORDS; i += BULK_THREADS) {
             int n = i % BULK_COLS, q = i / BULK_COLS;    // consecutive threads, consecutive columns
@@ -270,12 +287,12 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 }
 
 // -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
-#define LINEAR_ARGS {x, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
+#define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
                      groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y,   \
                      y_stride, y_offset}
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -284,7 +301,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int2_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -293,7 +310,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int4(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -302,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int4_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -311,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int8(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -320,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int8_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -329,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_f16(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -338,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_f16(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_f32(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -347,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_f32(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -356,7 +373,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -365,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -374,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -383,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -392,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8_f32s(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -401,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8_f32s(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_f16(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
@@ -410,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_f16(
 }
 
 extern "C" __global__ void __launch_bounds__(256) linear_bulk_f32(
-    const float* x, int x_stride, int n_rows, int rows_per_block,
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,

@@ -12,7 +12,9 @@ next. Each configuration below runs `pytest -m exactness` in a fresh process wit
   Prescott (SSE3, pre-AVX), Nehalem, Sandybridge (AVX), Haswell (AVX2), SkylakeX,
   Cooperlake and SapphireRapids (AVX-512);
 - NPY_DISABLE_CPU_FEATURES narrowing NumPy's dispatch to below AVX-512, then to its
-  baseline.
+  baseline;
+- TINYLOOP_ACTIVATIONS=fp16 (linear inputs rounded to half: every model the tests load
+  through load_model runs so), under this CPU's own kernels.
 The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported: a
 core type OpenBLAS maps to kernels already tested is listed, not run twice. Exit status 0
 only when every configuration that ran passed.
@@ -79,6 +81,7 @@ def environment(overrides: dict) -> dict:
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)          # every configuration says its own, or lets OpenBLAS choose
     env.pop("NPY_DISABLE_CPU_FEATURES", None)
+    env.pop("TINYLOOP_ACTIVATIONS", None)
     for key, value in overrides.items():
         if value is not None:
             env[key] = value
@@ -123,6 +126,8 @@ def plan(full: bool) -> list[Configuration]:
     if targets:
         configs.append(Configuration("NumPy baseline SIMD", {"NPY_DISABLE_CPU_FEATURES": " ".join(targets)},
                                      reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(targets)}"))
+    configs.append(Configuration("fp16 activations", {"TINYLOOP_ACTIVATIONS": "fp16"}, reduced=not full,
+                                 why="TINYLOOP_ACTIVATIONS=fp16: the exactness rule with half linear inputs"))
     return configs
 
 

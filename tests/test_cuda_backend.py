@@ -73,11 +73,11 @@ class HarnessDevice:
         return replay, result
 
 
-def cuda_backend(order: str = "id", graphs: bool = False):
+def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp32"):
     if ON_GPU:
         from tinyloop.backends.cuda.device import CupyDevice
-        return CudaBackend(CupyDevice(), graphs)
-    return CudaBackend(HarnessDevice(order), graphs)
+        return CudaBackend(CupyDevice(), graphs, activations)
+    return CudaBackend(HarnessDevice(order), graphs, activations)
 
 
 @pytest.fixture(scope="module")

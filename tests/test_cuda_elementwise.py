@@ -144,3 +144,53 @@ def test_gelu_tanh(kernel_device):
     with np.errstate(invalid="ignore"):
         close = (got == reference) | (np.abs(got - reference) <= 1e-6 * np.abs(x))
     assert np.all(close | (np.isnan(got) & np.isnan(reference)))
+
+
+# -- fp16 activations: a linear's input rounded to half by the kernel that makes it -------------
+def half_bits_equal(a, b) -> bool:
+    return a.dtype == b.dtype == np.float16 and np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@pytest.mark.parametrize("op", ["rms", "layer", "swiglu", "gelu"])
+def test_half_outputs_are_the_float_results_rounded(kernel_device, op):
+    """out float16 (out_half = 1): the float32 result rounded to nearest, ties to even, as
+    NumPy's astype(float16); values past 65504 become inf, tiny ones subnormal halves."""
+    rng = np.random.default_rng(11)
+    module = kernel_device.module("elementwise")
+    rows, width = 65, 300
+    weight = rng.standard_normal(width).astype(F) * F(3e4)           # norm outputs past the half range
+    if op in ("rms", "layer"):
+        x = rows_with_edges(rng, rows, width)
+        out = kernel_device.empty((rows, width), np.float16)
+        with np.errstate(over="ignore"):
+            if op == "rms":
+                launch.rms_norm(module, kernel_device.asarray(x), kernel_device.asarray(weight), 1e-5, out)
+                expected = twin.rms_norm(x, weight, 1e-5)
+            else:
+                launch.layer_norm(module, kernel_device.asarray(x), kernel_device.asarray(weight), None, 1e-5, out)
+                expected = twin.layer_norm(x, weight, None, 1e-5)
+    elif op == "swiglu":
+        up = rng.standard_normal((rows, 2 * width)).astype(F) * F(400)
+        out = kernel_device.empty((rows, width), np.float16)
+        launch.swiglu(module, kernel_device.asarray(up), out)
+        expected = twin.swiglu(up, width)
+    else:
+        x = rng.standard_normal(rows * width).astype(F) * F(10) ** rng.integers(-9, 6, rows * width).astype(F)
+        out = kernel_device.empty(x.shape, np.float16)
+        launch.gelu(module, kernel_device.asarray(x), out)
+        expected = twin.gelu_tanh(x)
+    with np.errstate(over="ignore"):
+        rounded = expected.astype(np.float16)
+    got = kernel_device.to_host(out)
+    assert half_bits_equal(got, rounded)
+    assert np.isinf(rounded).any() or op == "gelu"                  # the overflow edge was exercised
+    assert (rounded != expected).any()                               # and rounding was not a no-op
+
+
+def test_half_output_cannot_overwrite_its_float_input(kernel_device):
+    module = kernel_device.module("elementwise")
+    x = kernel_device.asarray(np.ones((2, 8), F))
+    with pytest.raises(ValueError, match="in place"):
+        launch.gelu(module, x, x.view(np.float16).reshape(-1)[:16].reshape(2, 8))
+    with pytest.raises(ValueError, match="float32 or float16"):
+        launch.rms_norm(module, x, kernel_device.asarray(np.ones(8, F)), 1e-5, kernel_device.empty((2, 8), np.float64))

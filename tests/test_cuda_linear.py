@@ -49,7 +49,7 @@ def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0))
     # device.asarray: on the harness, arrays that end against an inaccessible page
     packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     rows, n_in = x.shape
-    wide_x = np.full((rows, x_pad[0] + n_in + x_pad[1]), np.nan, np.float32)    # NaN: a stray read shows
+    wide_x = np.full((rows, x_pad[0] + n_in + x_pad[1]), np.nan, x.dtype)      # NaN: a stray read shows
     wide_x[:, x_pad[0]:x_pad[0] + n_in] = x
     x_dev = device.asarray(wide_x)[:, x_pad[0]:x_pad[0] + n_in]
     out = device.zeros((rows, out_pad[0] + packed.out_features + out_pad[1]), np.float32)
@@ -193,6 +193,25 @@ def test_bulk_kernel_close_to_reference(kernel_device, kind, scale_dtype):
     expected = twin.linear_bulk_reference(x, pack_linear(parts, bias, np, keep_f16=True))
     got = run_kernel(kernel_device, parts, bias, x, exact=False, out_pad=(1, 2), x_pad=(3, 0))
     assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
+
+
+# -- fp16 activations: the kernels widen a half x as they stage it ------------------------------
+@pytest.mark.parametrize("exact,rows", [(True, 1), (True, 65), (False, 70)])
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_half_activations_give_the_bits_of_their_widening(kernel_device, kind, scale_dtype, exact, rows):
+    """A float16 x (x_half = 1, a strided view in a wider half buffer) gives exactly what the
+    same kernel gives for x widened to float32, and on the exact path what the twin gives for
+    that widening (a kernel reading half bits as floats, or striding in floats, cannot)."""
+    rng = np.random.default_rng(rows + 3 * KINDS.index(kind))
+    n_in = 100
+    parts = [weight_part(kind, rng, 21, n_in, ODD_GROUP[kind], scale_dtype=scale_dtype)]
+    bias = rng.standard_normal(21).astype(np.float32)
+    x_half = inputs(rng, rows, n_in).astype(np.float16)
+    widened = x_half.astype(np.float32)
+    got = run_kernel(kernel_device, parts, bias, x_half, exact=exact, x_pad=(3, 5))
+    assert_bits_equal(got, run_kernel(kernel_device, parts, bias, widened, exact=exact))
+    if exact:
+        assert_bits_equal(got, twin_rows(parts, bias, widened))
 
 
 def test_twin_close_to_float64():

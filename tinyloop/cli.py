@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from tinyloop.argtypes import non_negative_int, port_number, positive_float, positive_int
+from tinyloop.backends.base import ACTIVATIONS
 from tinyloop.backends.select import DEVICES
 from tinyloop.errors import TinyLoopError
 from tinyloop.kv.modes import KV_MODES as KV_MODE_CHOICES
@@ -52,6 +53,12 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
 
 
+def _add_activations_arg(parser) -> None:
+    parser.add_argument("--activations", default=None, type=str.lower, choices=ACTIVATIONS,
+                        help="dtype of the linear layers' inputs: fp32, or fp16 (half the activation bytes; "
+                             "default: $TINYLOOP_ACTIVATIONS or fp32)")
+
+
 def cmd_generate(args) -> int:
     from tinyloop.engine.generate import GenerationRequest, generate
     from tinyloop.engine.sampling import SamplingParams
@@ -63,7 +70,7 @@ def cmd_generate(args) -> int:
         from tinyloop.convert.pull import ensure_default_model
         model = ensure_default_model()
     args.prompt = prompt
-    loaded = load_model(model, args.device, args.kv_cache)
+    loaded = load_model(model, args.device, args.kv_cache, args.activations)
     prompt_ids = loaded.encode_prompt(args.prompt)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, seed=args.seed)
@@ -210,6 +217,8 @@ def cmd_serve(args) -> int:
         env["TINYLOOP_STATE_DIR"] = args.state_dir
     if args.device:
         env["TINYLOOP_DEVICE"] = args.device
+    if args.activations:
+        env["TINYLOOP_ACTIVATIONS"] = args.activations
     if args.exit_on_failure:
         env["TINYLOOP_EXIT_ON_FAILURE"] = "1"
     if args.kv_cache:
@@ -334,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end the output right before TEXT (repeatable; matched across token boundaries)")
     p.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
                    help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    _add_activations_arg(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI, LM Studio-style and native APIs)",
@@ -353,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(default $XDG_STATE_HOME/tinyloop)")
     p.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
                    help="auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    _add_activations_arg(p)
     p.add_argument("--exit-on-failure", action="store_true",
                    help="exit the worker after an engine failure so a supervisor restarts it")
     p.add_argument("--kv-cache", default=None, choices=KV_MODE_CHOICES,

@@ -22,11 +22,32 @@ import abc
 
 import numpy as np
 
+from tinyloop.errors import TinyLoopError
+
+# The dtype of a linear layer's input (`TINYLOOP_ACTIVATIONS`): fp32, or fp16 (the norms
+# feeding a linear and the MLP activation round their outputs to half; the residual stream,
+# attention, the KV write and every sum stay float32).
+ACTIVATIONS = ("fp32", "fp16")
+
+
+def check_activations(value: str) -> str:
+    value = value.lower()
+    if value not in ACTIVATIONS:
+        raise TinyLoopError(f"TINYLOOP_ACTIVATIONS must be one of {', '.join(ACTIVATIONS)}, got {value!r}")
+    return value
+
 
 class Backend(abc.ABC):
     name: str                     # "cpu" or "cuda"
     description: str              # which device and why it was chosen (the startup log)
     xp: object                    # the array module (numpy, cupy), for allocation only
+    activations: str = "fp32"     # ACTIVATIONS: the dtype of what `linear` is fed
+
+    @property
+    def linear_input_dtype(self):
+        """What the norms (feeds_linear=True), swiglu and gelu return: float32, or float16
+        under fp16 activations. Rounding is per element, so exactness is unaffected."""
+        return np.float16 if self.activations == "fp16" else np.float32
 
     # -- memory ------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -74,15 +95,17 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def linear(self, x, weight, exact: bool):
-        """x: (T, in) -> (T, out) = x @ W (+ bias). exact: each row's result independent of T."""
+        """x: (T, in) float32 or float16 -> (T, out) float32 = x @ W (+ bias), a float16 x
+        widened exactly. exact: each row's result independent of T."""
 
     @abc.abstractmethod
-    def rms_norm(self, x, weight, eps: float):
-        """x: (T, D) -> (T, D)."""
+    def rms_norm(self, x, weight, eps: float, feeds_linear: bool = False):
+        """x: (T, D) -> (T, D), float32, or linear_input_dtype when feeds_linear (the output
+        is only a linear layer's input)."""
 
     @abc.abstractmethod
-    def layer_norm(self, x, weight, bias, eps: float):
-        """x: (T, D) -> (T, D)."""
+    def layer_norm(self, x, weight, bias, eps: float, feeds_linear: bool = False):
+        """x: (T, D) -> (T, D), as rms_norm's."""
 
     @abc.abstractmethod
     def rope(self, x, plan):
@@ -90,11 +113,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def swiglu(self, up, ffn_dim: int):
-        """up: (T, 2 ffn) = [gate | up] -> silu(gate) * up, (T, ffn)."""
+        """up: (T, 2 ffn) = [gate | up] -> silu(gate) * up, (T, ffn) linear_input_dtype (the down
+        projection's input)."""
 
     @abc.abstractmethod
     def gelu(self, x):
-        """GELU, tanh approximation."""
+        """GELU, tanh approximation; linear_input_dtype (the down projection's input)."""
 
     # -- the KV cache --------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,4 +1,5 @@
-"""Backend choice (`TINYLOOP_DEVICE=auto|cpu|cuda`).
+"""Backend choice (`TINYLOOP_DEVICE=auto|cpu|cuda`) and its activation dtype
+(`TINYLOOP_ACTIVATIONS=fp32|fp16`, backends/base.py).
 
 auto: the CUDA backend when CuPy is installed and sees a GPU, else the CPU. The chosen
 backend's `description` says which and why; the server logs it at startup.
@@ -7,28 +8,34 @@ from __future__ import annotations
 
 import os
 
-from tinyloop.backends.base import Backend
+from tinyloop.backends.base import Backend, check_activations
 from tinyloop.errors import TinyLoopError
 
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def select_backend(device: str | None = None) -> Backend:
+def activations_from_env() -> str:
+    return check_activations(os.environ.get("TINYLOOP_ACTIVATIONS") or "fp32")
+
+
+def select_backend(device: str | None = None, activations: str | None = None) -> Backend:
     device = (device or os.environ.get("TINYLOOP_DEVICE") or "auto").lower()
     if device not in DEVICES:
         raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {device!r}")
+    activations = check_activations(activations) if activations else activations_from_env()
+    half = ", fp16 activations" if activations == "fp16" else ""
     from tinyloop.backends.cpu import CpuBackend
     if device == "cpu":
-        return CpuBackend(description="cpu (TINYLOOP_DEVICE=cpu)")
+        return CpuBackend(description=f"cpu (TINYLOOP_DEVICE=cpu{half})", activations=activations)
     from tinyloop.backends.cuda.device import cuda_unavailable
     reason = cuda_unavailable()
     if reason is None:
         from tinyloop.backends.cuda.backend import CudaBackend
         from tinyloop.backends.cuda.device import CupyDevice
-        backend = CudaBackend(CupyDevice())
+        backend = CudaBackend(CupyDevice(), activations=activations)
         why = "TINYLOOP_DEVICE=cuda" if device == "cuda" else "auto"
-        backend.description = f"cuda ({why}: {backend.device.describe()})"
+        backend.description = f"cuda ({why}: {backend.device.describe()}{half})"
         return backend
     if device == "cuda":
         raise TinyLoopError(f"TINYLOOP_DEVICE=cuda, but {reason}")
-    return CpuBackend(description=f"cpu (auto: {reason})")
+    return CpuBackend(description=f"cpu (auto: {reason}{half})", activations=activations)

@@ -36,12 +36,12 @@ class LoadedModel:
         return self.with_bos(self.tokenizer.encode(text))
 
 
-def load_model(path, device=None, kv_mode: str | None = None) -> LoadedModel:
+def load_model(path, device=None, kv_mode: str | None = None, activations: str | None = None) -> LoadedModel:
     """device: "auto" / "cpu" / "cuda" (None: $TINYLOOP_DEVICE), or a Backend instance
     (tests run the CUDA backend on the CPU harness so). kv_mode None: from TINYLOOP_KV_*
-    (default fp16)."""
+    (default fp16). activations: "fp32" / "fp16" (None: $TINYLOOP_ACTIVATIONS, default fp32)."""
     start = time.perf_counter()
-    backend = device if isinstance(device, Backend) else select_backend(device)
+    backend = device if isinstance(device, Backend) else select_backend(device, activations)
     mode = kv_mode or kv_mode_from_env()
     if mode not in KV_MODES:
         raise TinyLoopError(f"KV cache mode must be one of {', '.join(KV_MODES)}, got {mode!r}")

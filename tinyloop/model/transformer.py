@@ -100,7 +100,7 @@ class LoopedTransformer:
         as written (adaptive depth copies them into the slots of skipped iterations)."""
         c, b, exact = self.config, self.backend, plan.exact
         n_tokens = h.shape[0]
-        x = self._norm(h, weights.attn_norm)
+        x = self._norm(h, weights.attn_norm, feeds_linear=True)
         if capture:
             capture("qkv", x)
         qkv = b.linear(x, weights.qkv, exact)                              # (T, q_dim + 2 kv_dim)
@@ -117,7 +117,7 @@ class LoopedTransformer:
             capture("out", attn)
         h = self._residual(h, b.linear(attn, weights.out, exact), weights.attn_post_norm)
 
-        x = self._norm(h, weights.mlp_norm)
+        x = self._norm(h, weights.mlp_norm, feeds_linear=True)
         if capture:
             capture("up", x)
         up = b.linear(x, weights.up, exact)                                # (T, ffn) or (T, 2 ffn)
@@ -183,7 +183,7 @@ class LoopedTransformer:
 
     def exit_lambda(self, h) -> np.ndarray:
         """The early-exit gate after an iteration: sigmoid(gate(final_norm(h))), (T,) on the host."""
-        x = self._norm(h, self.weights.final_norm)
+        x = self._norm(h, self.weights.final_norm, feeds_linear=True)
         gate = self.backend.to_host(self.backend.linear(x, self.weights.exit_gate, True))[:, 0]
         return 1.0 / (1.0 + np.exp(-gate.astype(np.float64)))
 
@@ -196,7 +196,7 @@ class LoopedTransformer:
 
     def head(self, h, exact: bool = True):
         """h: (T, D) -> logits (T, vocab) float32, on the backend."""
-        x = self._norm(h, self.weights.final_norm)
+        x = self._norm(h, self.weights.final_norm, feeds_linear=True)
         return self.backend.linear(x, self.weights.head, exact)
 
     # -- the whole forward ---------------------------------------------------------------
@@ -244,11 +244,12 @@ class LoopedTransformer:
         resumed = self.resume(trunk, plan, cache, loops)
         return self.head(self.coda(resumed.hidden, plan, cache, coda_base))
 
-    def _norm(self, h, norm_weights):
+    def _norm(self, h, norm_weights, feeds_linear: bool = False):
+        """feeds_linear: the result is only a linear layer's input (fp16 under fp16 activations)."""
         weight, bias = norm_weights
         if self.config.norm == "rmsnorm":
-            return self.backend.rms_norm(h, weight, self.config.norm_eps)
-        return self.backend.layer_norm(h, weight, bias, self.config.norm_eps)
+            return self.backend.rms_norm(h, weight, self.config.norm_eps, feeds_linear)
+        return self.backend.layer_norm(h, weight, bias, self.config.norm_eps, feeds_linear)
 
 
 def _bind(capture, stage: str, index: int):

@@ -63,7 +63,7 @@ class Quantizer:
             raise TinyLoopError(f"method must be rtn or gptq, got {method!r}")
         if act_order and method != "gptq":
             raise TinyLoopError("--act-order applies to --method gptq only")
-        self.loaded = load_model(source, device="cpu", kv_mode="fp32")
+        self.loaded = load_model(source, device="cpu", kv_mode="fp32", activations="fp32")
         self.config = self.loaded.config
         self.bits, self.group_size, self.method = bits, group_size, method
         self.act_order, self.damp = act_order, damp

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.backends.base import Backend
+from tinyloop.backends.base import Backend, check_activations
 from tinyloop.backends.cpu.activations import gelu_tanh, swiglu
 from tinyloop.backends.cpu.attention import attention_bulk, attention_exact
 from tinyloop.backends.cpu.kvstore import KVStorage, bytes_per_row
@@ -39,8 +39,9 @@ class CpuBackend(Backend):
     name = "cpu"
     xp = np
 
-    def __init__(self, description: str = "cpu"):
+    def __init__(self, description: str = "cpu", activations: str = "fp32"):
         self.description = description
+        self.activations = check_activations(activations)
 
     # -- memory ------------------------------------------------------------------------------
     def asarray(self, host, dtype=None):
@@ -75,22 +76,28 @@ class CpuBackend(Backend):
         return table[np.asarray(ids)]
 
     def linear(self, x, weight: DenseLinear, exact: bool):
+        if x.dtype == np.float16:                   # fp16 activations: widened exactly
+            x = x.astype(np.float32)
         return linear(x, weight.weight, weight.bias, exact)
 
-    def rms_norm(self, x, weight, eps):
-        return rms_norm(x, weight, eps)
+    def _linear_input(self, x, feeds_linear: bool = True):
+        """x rounded to half (to nearest, ties to even) when it feeds a linear under fp16 activations."""
+        return x.astype(np.float16) if feeds_linear and self.activations == "fp16" else x
 
-    def layer_norm(self, x, weight, bias, eps):
-        return layer_norm(x, weight, bias, eps)
+    def rms_norm(self, x, weight, eps, feeds_linear=False):
+        return self._linear_input(rms_norm(x, weight, eps), feeds_linear)
+
+    def layer_norm(self, x, weight, bias, eps, feeds_linear=False):
+        return self._linear_input(layer_norm(x, weight, bias, eps), feeds_linear)
 
     def rope(self, x, plan):
         return apply_rope(x, plan.rotation)
 
     def swiglu(self, up, ffn_dim):
-        return swiglu(up, ffn_dim)
+        return self._linear_input(swiglu(up, ffn_dim))
 
     def gelu(self, x):
-        return gelu_tanh(x)
+        return self._linear_input(gelu_tanh(x))
 
     # -- the KV cache --------------------------------------------------------------------------
     def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> KVStorage:

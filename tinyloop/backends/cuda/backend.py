@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.backends.base import Backend
+from tinyloop.backends.base import Backend, check_activations
 from tinyloop.backends.cpu.positions import rope_table
 from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabled
@@ -56,10 +56,11 @@ class DevicePlan:
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, device, graphs: bool | None = None):
+    def __init__(self, device, graphs: bool | None = None, activations: str = "fp32"):
         self.device = device
         self.xp = device.xp
         self.description = "cuda"
+        self.activations = check_activations(activations)
         self.graphs = graphs_enabled() if graphs is None else graphs
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
@@ -186,11 +187,16 @@ class CudaBackend(Backend):
         out = self._empty((x.shape[0], weight.out_features))
         return linear.linear(self._module("linear"), x, weight, out, exact)
 
-    def rms_norm(self, x, weight, eps):
-        return elementwise.rms_norm(self._module("elementwise"), x, weight, eps, self._empty(x.shape))
+    def _norm_out(self, shape, feeds_linear: bool):
+        return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)
 
-    def layer_norm(self, x, weight, bias, eps):
-        return elementwise.layer_norm(self._module("elementwise"), x, weight, bias, eps, self._empty(x.shape))
+    def rms_norm(self, x, weight, eps, feeds_linear=False):
+        return elementwise.rms_norm(self._module("elementwise"), x, weight, eps,
+                                    self._norm_out(x.shape, feeds_linear))
+
+    def layer_norm(self, x, weight, bias, eps, feeds_linear=False):
+        return elementwise.layer_norm(self._module("elementwise"), x, weight, bias, eps,
+                                      self._norm_out(x.shape, feeds_linear))
 
     def rope(self, x, plan):
         """Rotates x in place (a view of the fused qkv output) and returns it."""
@@ -198,11 +204,12 @@ class CudaBackend(Backend):
 
     def swiglu(self, up, ffn_dim):
         up = self.xp.ascontiguousarray(up)
-        return elementwise.swiglu(self._module("elementwise"), up, self._empty((up.shape[0], ffn_dim)))
+        return elementwise.swiglu(self._module("elementwise"), up,
+                                  self._empty((up.shape[0], ffn_dim), self.linear_input_dtype))
 
     def gelu(self, x):
         x = self.xp.ascontiguousarray(x)
-        return elementwise.gelu(self._module("elementwise"), x, self._empty(x.shape))
+        return elementwise.gelu(self._module("elementwise"), x, self._empty(x.shape, self.linear_input_dtype))
 
     # -- the KV cache --------------------------------------------------------------------------
     def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> DeviceKV:

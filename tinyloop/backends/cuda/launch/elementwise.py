@@ -1,6 +1,9 @@
 """Launch geometry for cuda/elementwise.cu. Arrays are device arrays (CuPy, or the CPU
 harness's NumPy arrays), float32 unless named otherwise; outputs are preallocated by the
-caller. Each function launches one kernel and returns its output."""
+caller. Each function launches one kernel and returns its output.
+
+The norms and the MLP activations write a float32 or a float16 `out` (fp16 activations:
+the output is a linear layer's input, rounded to the nearest half); its dtype picks which."""
 import numpy as np
 
 from tinyloop.backends.cpu.twins.elementwise import NORM_THREADS
@@ -22,6 +25,23 @@ def _row_stride(x) -> int:
         raise ValueError(f"expected a (T, width) float32 array with contiguous rows, got "
                          f"{x.dtype} shape {x.shape} strides {x.strides}")
     return x.strides[0] // 4
+
+
+def _out_half(out, *inputs) -> np.int32:
+    """The kernels' out_half flag for `out` (float32 or float16); a half `out` cannot share
+    memory with a float input (the kernels would read half-overwritten floats)."""
+    if out.dtype == np.float32:
+        return np.int32(0)
+    if out.dtype != np.float16:
+        raise ValueError(f"out must be float32 or float16, got {out.dtype}")
+    for a in inputs:
+        if a is not None and _same_memory(a, out):
+            raise ValueError("a float16 out cannot be computed in place over its float32 input")
+    return np.int32(1)
+
+
+def _same_memory(a, b) -> bool:
+    return a.data.ptr == b.data.ptr if hasattr(a.data, "ptr") else np.shares_memory(a, b)
 
 
 def _check_contiguous(*arrays) -> None:
@@ -50,25 +70,28 @@ def add(module, a, b, out):
 
 
 def rms_norm(module, x, weight, eps: float, out):
-    """x: (T, D) (row stride free), weight: (D,), out: (T, D) contiguous."""
+    """x: (T, D) (row stride free), weight: (D,), out: (T, D) contiguous, float32 or float16."""
     _check_contiguous(weight, out)
+    out_half = _out_half(out, x)
     rows, width = x.shape
     if rows:
         module.get_function("rms_norm")((rows,), (NORM_THREADS,),
-                                        (x, np.int32(_row_stride(x)), weight, out,
+                                        (x, np.int32(_row_stride(x)), weight, out, out_half,
                                          np.int32(rows), np.int32(width), np.float32(eps)))
     return out
 
 
 def layer_norm(module, x, weight, bias, eps: float, out):
-    """x: (T, D) (row stride free), weight, bias: (D,) (bias may be None), out: (T, D) contiguous."""
+    """x: (T, D) (row stride free), weight, bias: (D,) (bias may be None), out: (T, D) contiguous,
+    float32 or float16."""
     _check_contiguous(weight, out)
+    out_half = _out_half(out, x)
     rows, width = x.shape
     if rows:
         module.get_function("layer_norm")((rows,), (NORM_THREADS,),
                                           (x, np.int32(_row_stride(x)), weight,
                                            weight if bias is None else bias, np.int32(bias is not None),
-                                           out, np.int32(rows), np.int32(width), np.float32(eps)))
+                                           out, out_half, np.int32(rows), np.int32(width), np.float32(eps)))
     return out
 
 
@@ -91,21 +114,23 @@ def rope(module, x, rotation):
 
 
 def swiglu(module, up, out):
-    """up: (T, 2F) = [gate | up], out: (T, F) <- silu(gate) * up."""
+    """up: (T, 2F) = [gate | up], out: (T, F) float32 or float16 <- silu(gate) * up."""
     _check_contiguous(up, out)
+    out_half = _out_half(out, up)
     rows, ffn_dim = out.shape
     if up.shape != (rows, 2 * ffn_dim):
         raise ValueError(f"swiglu: up must be ({rows}, {2 * ffn_dim}), got {up.shape}")
     if out.size:
         module.get_function("swiglu")(_flat_grid(out.size), (FLAT_THREADS,),
-                                      (up, out, np.int32(rows), np.int32(ffn_dim)))
+                                      (up, out, out_half, np.int32(rows), np.int32(ffn_dim)))
     return out
 
 
 def gelu(module, x, out):
-    """x, out: same shape, contiguous (out may be x) <- GELU (tanh) of x."""
+    """x, out: same shape, contiguous <- GELU (tanh) of x; out float32 (may be x) or float16."""
     _check_contiguous(x, out)
+    out_half = _out_half(out, x)
     n = out.size
     if n:
-        module.get_function("gelu_tanh")(_flat_grid(n), (FLAT_THREADS,), (x, out, np.int32(n)))
+        module.get_function("gelu_tanh")(_flat_grid(n), (FLAT_THREADS,), (x, out, out_half, np.int32(n)))
     return out

@@ -4,6 +4,9 @@
 exact=True (decode, verify) runs linear_rows_*: each row's bits do not depend on the
 number of rows. exact=False (prefill) runs linear_bulk_* when there are enough rows for
 its 64-row tiles to pay, else the rows kernel (as fast there, and exact anyway).
+
+x is float32 or float16 (fp16 activations); the kernels widen either to float as they
+stage it, so a float16 x gives the bits its float32 widening would.
 """
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the fa
 
 
 def linear(module, x, packed: PackedLinear, out, exact: bool):
-    """x: (T, in) float32 (row stride free); out: (T, out) float32 (row stride free) <- x @ W.T + bias."""
+    """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32 (row stride free)
+    <- x @ W.T + bias."""
     if x.ndim != 2 or x.shape[1] != packed.in_features:
         raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
     n_rows = x.shape[0]
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
-    x_stride, y_stride = _row_stride(x, "x"), _row_stride(out, "out")
+    x_half = x.dtype == np.float16
+    x_stride, y_stride = _row_stride(x, "x", np.float16 if x_half else np.float32), _row_stride(out, "out")
     if n_rows == 0:
         return out
     bulk = not exact and n_rows >= BULK_MIN_ROWS
@@ -47,7 +52,7 @@ def linear(module, x, packed: PackedLinear, out, exact: bool):
             block = (ROWS_THREADS,)
         any_float = seg.weights                          # a valid pointer for unused arguments
         # scale and min go as stored (float16 or float32): the kernel's name says which
-        args = (x, np.int32(x_stride), np.int32(n_rows), np.int32(rows_per_block),
+        args = (x, np.int32(x_half), np.int32(x_stride), np.int32(n_rows), np.int32(rows_per_block),
                 seg.weights, np.int32(seg.words_per_row), np.int32(seg.out_features),
                 any_float if seg.scale is None else seg.scale,
                 any_float if seg.min is None else seg.min,
@@ -64,14 +69,16 @@ def _blocks(n: int, per_block: int) -> int:
     return -(-n // per_block)
 
 
-def _row_stride(array, name: str) -> int:
-    """Row stride in floats of a float32 (T, width) array whose rows are each contiguous."""
-    if array.dtype != np.float32:
-        raise ValueError(f"{name} must be float32, got {array.dtype}")
-    if array.shape[1] > 1 and array.strides[1] != 4:
-        raise ValueError(f"{name}'s rows must be contiguous (column stride 4 bytes), "
+def _row_stride(array, name: str, dtype=np.float32) -> int:
+    """Row stride in elements of a (T, width) array of `dtype` whose rows are each contiguous."""
+    if array.dtype != dtype:
+        allowed = "float32 or float16" if name == "x" else "float32"
+        raise ValueError(f"{name} must be {allowed}, got {array.dtype}")
+    size = array.dtype.itemsize
+    if array.shape[1] > 1 and array.strides[1] != size:
+        raise ValueError(f"{name}'s rows must be contiguous (column stride {size} bytes), "
                          f"got strides {array.strides}")
-    if array.strides[0] % 4 or array.strides[0] < 0:
-        raise ValueError(f"{name}'s row stride must be a non-negative whole number of floats, "
+    if array.strides[0] % size or array.strides[0] < 0:
+        raise ValueError(f"{name}'s row stride must be a non-negative whole number of elements, "
                          f"got {array.strides[0]} bytes")
-    return array.strides[0] // 4
+    return array.strides[0] // size
