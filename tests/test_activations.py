@@ -73,8 +73,10 @@ def test_the_cuda_backend_follows_the_cpu_backend_under_fp16(tiny_files, preset)
     (A float one ulp apart can round to halves one half ulp apart, and that spreads: between
     backends fp16 logits differ about as much as fp16 and fp32 do, ~3e-4 of the largest here,
     against ~1e-5 at fp32. The kernels' rounding is pinned bit for bit in test_cuda_*.py.)"""
-    runs = {(device, a): logits_of_a_short_run(load_model(tiny_files[preset], select_backend("cpu", a) if device == "cpu"
-                                                          else cuda_backend(activations=a)).model, PROMPT)
+    def backend(device, activations):
+        return select_backend("cpu", activations) if device == "cpu" else cuda_backend(activations=activations)
+
+    runs = {(device, a): logits_of_a_short_run(load_model(tiny_files[preset], backend(device, a)).model, PROMPT)
             for device in ("cpu", "cuda") for a in ("fp32", "fp16")}
     scale = np.abs(runs["cpu", "fp32"]).max()
     between_backends = np.abs(runs["cuda", "fp16"] - runs["cpu", "fp16"]).max()
