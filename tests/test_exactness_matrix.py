@@ -29,13 +29,17 @@ def test_plan_runs_what_the_cpu_executes_and_names_what_it_lacks(monkeypatch):
     assert configs["Prescott"].skipped == "" and configs["Sandybridge"].skipped == ""
     assert "avx512f" in configs["SkylakeX"].skipped and "avx512_bf16" in configs["Cooperlake"].skipped
     assert not matrix.plan(full=True)[4].reduced
+    # fp16 activations: the exactness rule with half linear inputs, under the CPU's own kernels
+    assert configs["fp16 activations"].env == {"TINYLOOP_ACTIVATIONS": "fp16"} and configs["fp16 activations"].reduced
 
 
 def test_a_pinned_core_type_in_the_callers_environment_is_not_inherited(monkeypatch):
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
     monkeypatch.setenv("NPY_DISABLE_CPU_FEATURES", "X86_V4")
+    monkeypatch.setenv("TINYLOOP_ACTIVATIONS", "fp16")
     env = matrix.environment({})
     assert "OPENBLAS_CORETYPE" not in env and "NPY_DISABLE_CPU_FEATURES" not in env
+    assert "TINYLOOP_ACTIVATIONS" not in env
     assert matrix.environment({"OPENBLAS_CORETYPE": "Haswell"})["OPENBLAS_CORETYPE"] == "Haswell"
 
 
