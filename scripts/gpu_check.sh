@@ -9,8 +9,8 @@
 #    registry). CuPy itself (cupy-cuda12x or cupy-cuda13x) is used where already installed.
 # 2. Runs on the GPU (TINYLOOP_TEST_DEVICE=cuda): every kernel against its NumPy twin
 #    (tests/test_cuda_*.py), the CUDA backend end to end against the CPU backend and its
-#    exactness (tests/test_cuda_backend.py) and against every Hugging Face layout's golden logits
-#    (tests/test_hf_import.py), then the reduced exactness suite with the CUDA
+#    exactness (tests/test_cuda_backend.py), under fp16 activations (tests/test_activations.py)
+#    and against every Hugging Face layout's golden logits (tests/test_hf_import.py), then the reduced exactness suite with the CUDA
 #    backend as the default device (TINYLOOP_DEVICE=cuda).
 # 3. A short benchmark: the kernels' own figures (scripts/bench_gpu.py --quick: bandwidth per
 #    weight, graph replay vs enqueue, verify vs decode cost), then the user-facing figures the
@@ -43,11 +43,12 @@ stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
 }
 : > "$REPORT/stages.txt"
 stage environment 45 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"; python3 -c "from tinyloop.backends.cuda.compile import header_dirs, compile_options; print(\"cuda_fp16.h in\", header_dirs()); print(\"NVRTC options\", compile_options())"'
-stage kernels 135 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+stage kernels 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/test_cuda_linear.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
     tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"
-stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+stage backend 135 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/test_cuda_backend.py "tests/test_hf_import.py::test_the_cuda_backend_matches_the_reference_too" \
+    tests/test_activations.py \
     --junitxml "$REPORT/backend.xml"
 stage exactness 120 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml"
