@@ -42,7 +42,7 @@
 // output tile per 256-thread block, 4x4 per thread, stepping through 32 stored columns at
 // a time: inputs (permuted) and dequantized weights both go through shared memory.
 // Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
-#include "common.cuh"
+#include "linear_kinds.cuh"
 
 #define LIN_WARPS 8                         // warps (output columns) per block on the rows path
 #define LIN_THREADS (LIN_WARPS * 32)
@@ -53,81 +53,6 @@
 #define BULK_COLS 64                        // output columns per bulk tile
 #define BULK_K 32                           // stored columns per bulk step
 #define BULK_THREADS 256
-
-struct LinearArgs {
-    const void* x; int x_half; int x_stride; int n_rows; int rows_per_block;   // x: half or float
-    const unsigned int* weights; int words_per_row; int n_out;
-    const void* scale; const void* mins; int groups; int group_size;   // half or float: S below
-    const int* perm; int has_perm; int stored_in; int in_features;
-    const float* bias; int has_bias;
-    float* y; int y_stride; int y_offset;
-};
-
-// -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-
-// S: the stored type of scale and min (__half or float)
-template <int BITS, class S>
-struct QuantKind {
-    static const int CPW = 32 / BITS;        // columns per 32-bit word
-    static const int PER_BYTE = 8 / BITS;
-    // word `word_index` of output row `o`: its CPW weights, in column order.
-    __device__ __forceinline__ static void decode(unsigned int word, int word_index, int o,
-                                                  const LinearArgs& a, float* w) {
-        const S* scale_row = static_cast<const S*>(a.scale) + (long long)o * a.groups;
-        const S* min_row = static_cast<const S*>(a.mins) + (long long)o * a.groups;
-        // group_size is a multiple of PER_BYTE: one group per byte, and usually (a multiple
-        // of CPW) one per word. Padding bytes past the stored width borrow the last group
-        // (finite weights that meet x = 0).
-        float s[4], m[4];
-        if (a.group_size % CPW == 0) {
-            int group = min(word_index * CPW / a.group_size, a.groups - 1);
-            float s0 = widen(scale_row[group]), m0 = widen(min_row[group]);
-#pragma unroll
-            for (int b = 0; b < 4; b++) { s[b] = s0; m[b] = m0; }
-        } else {
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                int group = min((word_index * CPW + b * PER_BYTE) / a.group_size, a.groups - 1);
-                s[b] = widen(scale_row[group]);
-                m[b] = widen(min_row[group]);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-#pragma unroll
-            for (int i = 0; i < PER_BYTE; i++) {
-                unsigned int code = (word >> (8 * b + BITS * i)) & ((1u << BITS) - 1u);
-                w[b * PER_BYTE + i] = tl_add(tl_mul((float)code, s[b]), m[b]);
-            }
-    }
-};
-
-struct F16Kind {
-    static const int CPW = 2;
-    __device__ __forceinline__ static void decode(unsigned int word, int, int, const LinearArgs&,
-                                                  float* w) {
-        w[0] = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
-        w[1] = __half2float(__ushort_as_half((unsigned short)(word >> 16)));
-    }
-};
-
-struct F32Kind {
-    static const int CPW = 1;
-    __device__ __forceinline__ static void decode(unsigned int word, int, int, const LinearArgs&,
-                                                  float* w) {
-        w[0] = __uint_as_float(word);
-    }
-};
-
-// The input feeding stored column j of row t, or 0.0f where j is padding.
-// X: the activations' type (float, or __half: fp16 activations, widened exactly).
-template <class X>
-__device__ __forceinline__ float stored_input(const LinearArgs& a, int t, int j) {
-    int source = j < a.stored_in ? (a.has_perm ? a.perm[j] : j) : a.in_features;
-    return source < a.in_features ? widen(static_cast<const X*>(a.x)[(long long)t * a.x_stride + source]) : 0.0f;
-}
 
 // -- the exact rows path ------------------------------------------------------------------------
 // Words per tile: at most 128, so a lane's words of a tile (<= 4) stay in registers.
@@ -287,9 +212,6 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 }
 
 // -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
-#define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
-                     groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y,   \
-                     y_stride, y_offset}
 
 extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,

@@ -12,6 +12,8 @@ at 8 loops, batch 1:
   (with graphs the step's GPU time is the replay's, and "enqueue" is upload + replay,
   which waits for the replay);
 - a 16-row verify forward against one decode step (the target is <= 1.2x);
+- prefill GEMMs of 512 rows per core weight: linear_bulk_* on float32 inputs against
+  linear_tc_* (tensor cores, fp16 activations), side by side: TFLOP/s each and the ratio;
 - speculative (chain) and tree decoding tokens/s with their acceptance (random weights:
   acceptance says little about real models; the cost of a round is what is measured).
 Writes DIR/bench_gpu.json and prints a table. Needs a GPU and CuPy.
@@ -66,6 +68,26 @@ def linear_bandwidth(cp, backend, layer, rows: int, reps: int) -> dict:
         out[name] = {"shape": [weight.in_features, weight.out_features], "rows": rows,
                      "us": seconds * 1e6, "GB_s": moved / seconds / 1e9,
                      "share_of_peak": moved / seconds / HBM_BYTES_PER_S}
+    return out
+
+
+def prefill_linear(cp, backend, layer, rows: int, reps: int) -> dict:
+    """512-row bulk products: the float32 tiled kernel against the tensor-core one (half x)."""
+    out = {}
+    tensor_cores = backend.tensor_cores
+    for name in ("qkv", "out", "up", "down"):
+        weight = getattr(layer, name)
+        x = cp.asarray(np.random.default_rng(1).standard_normal((rows, weight.in_features)).astype(np.float32))
+        x_half = x.astype(cp.float16)
+        flops = 2 * rows * weight.in_features * weight.out_features
+        backend.linear(x, weight, False)
+        backend.linear(x_half, weight, False)
+        bulk = gpu_seconds(cp, lambda: backend.linear(x, weight, False), reps)
+        tc = gpu_seconds(cp, lambda: backend.linear(x_half, weight, False), reps)
+        reference, got = backend.linear(x_half.astype(cp.float32), weight, False), backend.linear(x_half, weight, False)
+        out[name] = {"rows": rows, "bulk_TFLOP_s": flops / bulk / 1e12, "tc_TFLOP_s": flops / tc / 1e12,
+                     "tc_speedup": bulk / tc, "tensor_cores": tensor_cores,
+                     "max_rel_diff": float(cp.abs(got - reference).max() / cp.abs(reference).max())}
     return out
 
 
@@ -139,6 +161,7 @@ def main() -> int:
     layer = model.weights.layers["core"][0]
     report["linear_1_row"] = linear_bandwidth(cp, backend, layer, 1, reps)
     report["linear_16_rows"] = linear_bandwidth(cp, backend, layer, 16, reps)
+    report["prefill_512_rows"] = prefill_linear(cp, backend, layer, 512, reps)
     report["decode_loops_8"] = decode_figures(cp, model, 8, steps, graphs=False)
     report["decode_loops_8_graphs"] = decode_figures(cp, model, 8, steps, graphs=True)
     report["speculative_loops_8"] = speculative_figures(model, 8, 32 if args.quick else 64)

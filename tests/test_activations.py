@@ -87,6 +87,24 @@ def test_the_cuda_backend_follows_the_cpu_backend_under_fp16(tiny_files, preset)
         assert 1e-5 * scale < from_fp32 <= 2e-3 * scale, (device, from_fp32)
 
 
+@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped int4"])
+def test_a_long_prefill_runs_on_tensor_cores_and_follows_the_cpu(tiny_files, preset, monkeypatch):
+    """A 70-token prompt under fp16: the CUDA backend's prefill goes to linear_tc (x and the
+    weights in half, float32 sums) and its logits stay within rounding of the CPU backend's
+    fp16 run (which keeps the weights in float32), with the same greedy tokens."""
+    prompt = [int(t) for t in np.random.default_rng(70).integers(3, 500, 70)]
+    cpu = logits_of_a_short_run(load_model(tiny_files[preset], select_backend("cpu", "fp16")).model, prompt)
+    backend = cuda_backend(activations="fp16")
+    modules = []
+    original = backend._module
+    monkeypatch.setattr(backend, "_module", lambda name: modules.append(name) or original(name))
+    cuda = logits_of_a_short_run(load_model(tiny_files[preset], backend).model, prompt)
+    assert "linear_tc" in modules
+    scale = np.abs(cpu).max()
+    assert np.abs(cuda - cpu).max() <= 3e-3 * scale, np.abs(cuda - cpu).max() / scale
+    assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
+
+
 def test_greedy_speculation_stays_exact_under_fp16(tiny_files):
     """The exactness rule with half linear inputs, on both backends: speculative chains and
     trees give plain generation's tokens (a few cases here; scripts/exactness_matrix.py runs

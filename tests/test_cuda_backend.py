@@ -34,6 +34,7 @@ class HarnessDevice:
     """The CUDA backend's device (backends/cuda/device.py) made of NumPy arrays and the CPU harness."""
     name = "harness"
     xp = np
+    tensor_cores = True           # the harness runs linear_tc.cu's stand-in for the mma instruction
 
     def __init__(self, order: str = "id"):
         from cudasim import load_module

@@ -43,9 +43,9 @@ def inputs(rng, rows: int, n_in: int) -> np.ndarray:
     return rng.standard_normal((rows, n_in)).astype(np.float32)                 # (T, in)
 
 
-def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0)):
+def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0), tensor_cores=False):
     """The launcher on the device; x and out may sit inside wider buffers (row strides,
-    column offsets). -> (T, out) host float32."""
+    column offsets); tensor_cores: pass it the linear_tc module. -> (T, out) host float32."""
     # device.asarray: on the harness, arrays that end against an inaccessible page
     packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     rows, n_in = x.shape
@@ -54,7 +54,8 @@ def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0))
     x_dev = device.asarray(wide_x)[:, x_pad[0]:x_pad[0] + n_in]
     out = device.zeros((rows, out_pad[0] + packed.out_features + out_pad[1]), np.float32)
     launch.linear(device.module("linear"), x_dev, packed,
-                  out[:, out_pad[0]:out_pad[0] + packed.out_features], exact)
+                  out[:, out_pad[0]:out_pad[0] + packed.out_features], exact,
+                  device.module("linear_tc") if tensor_cores else None)
     result = device.to_host(out)
     assert not result[:, :out_pad[0]].any() and not result[:, out_pad[0] + packed.out_features:].any()
     return result[:, out_pad[0]:out_pad[0] + packed.out_features]
@@ -193,6 +194,72 @@ def test_bulk_kernel_close_to_reference(kernel_device, kind, scale_dtype):
     expected = twin.linear_bulk_reference(x, pack_linear(parts, bias, np, keep_f16=True))
     got = run_kernel(kernel_device, parts, bias, x, exact=False, out_pad=(1, 2), x_pad=(3, 0))
     assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
+
+
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_tensor_core_kernel_close_to_its_reference(kernel_device, kind, scale_dtype):
+    """linear_tc_* (a bulk call with half x and the linear_tc module): 70 rows (two row tiles),
+    50 + 20 columns (a partial column tile), 75 inputs (a partial k step), act-order, x and
+    out as views: within float32 summation error of x and W rounded to half then multiplied
+    exactly; and that tolerance is tight enough to tell rounded weights from unrounded ones."""
+    rng = np.random.default_rng(19)
+    n_in = 75
+    parts = [weight_part(kind, rng, 50, n_in, act_order=kind.startswith("int"), scale_dtype=scale_dtype),
+             weight_part(kind, rng, 20, n_in, scale_dtype=scale_dtype)]
+    bias = rng.standard_normal(70).astype(np.float32)
+    x = inputs(rng, 70, n_in).astype(np.float16)
+    packed = pack_linear(parts, bias, np, keep_f16=True)
+    expected = twin.linear_tc_reference(x, packed)
+    got = run_kernel(kernel_device, parts, bias, x, exact=False, out_pad=(1, 2), x_pad=(3, 0), tensor_cores=True)
+    tolerance = 1e-5 * (magnitude(x, parts) + np.abs(bias))
+    assert np.all(np.abs(got - expected) <= tolerance), np.abs(got - expected).max()
+    if kind != "f16":                    # f16 weights are halves already: rounding changes nothing
+        assert np.any(np.abs(twin.linear_bulk_reference(x, packed) - expected) > tolerance)
+
+
+def test_one_mma_follows_the_ptx_fragment_layout(kernel_device):
+    """mma_16816_lanes: D = A B + C for one warp, with the fragments laid out as the PTX ISA
+    describes mma.m16n8k16 (.row.col, f16 inputs, f32 accumulators), written out here on
+    its own: on a GPU this checks the real instruction, on the harness its stand-in."""
+    rng = np.random.default_rng(29)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+
+    def pack(low, high):
+        return int(np.float16(low).view(np.uint16)) | int(np.float16(high).view(np.uint16)) << 16
+
+    a_regs, b_regs, c_regs = [], [], []
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        a_regs += [pack(a[g, 2 * q], a[g, 2 * q + 1]), pack(a[g + 8, 2 * q], a[g + 8, 2 * q + 1]),
+                   pack(a[g, 2 * q + 8], a[g, 2 * q + 9]), pack(a[g + 8, 2 * q + 8], a[g + 8, 2 * q + 9])]
+        b_regs += [pack(b[2 * q, g], b[2 * q + 1, g]), pack(b[2 * q + 8, g], b[2 * q + 9, g])]
+        c_regs += [c[g, 2 * q], c[g, 2 * q + 1], c[g + 8, 2 * q], c[g + 8, 2 * q + 1]]
+    d = kernel_device.zeros(128, np.float32)
+    fragments = [kernel_device.asarray(np.array(r, dtype)) for r, dtype in
+                 ((a_regs, np.uint32), (b_regs, np.uint32), (c_regs, np.float32))]
+    kernel_device.module("linear_tc").get_function("mma_16816_lanes")((1,), (32,), (*fragments, d))
+    got = kernel_device.to_host(d).reshape(32, 4)
+    expected = a.astype(np.float64) @ b.astype(np.float64) + c
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        want = [expected[g, 2 * q], expected[g, 2 * q + 1], expected[g + 8, 2 * q], expected[g + 8, 2 * q + 1]]
+        assert np.allclose(got[lane], want, rtol=1e-5, atol=1e-5), (lane, got[lane], want)
+
+
+def test_tensor_cores_only_for_bulk_calls_with_half_inputs(kernel_device):
+    """The launcher sends exact calls, short calls and float32 x to linear_rows_* / linear_bulk_*
+    even with the linear_tc module at hand: their results are those kernels' bits."""
+    rng = np.random.default_rng(23)
+    parts = [weight_part("int4", rng, 40, 96)]
+    for rows, exact, dtype in ((70, True, np.float16), (20, False, np.float16), (70, False, np.float32)):
+        x = inputs(rng, rows, 96).astype(dtype)
+        assert_bits_equal(run_kernel(kernel_device, parts, None, x, exact=exact, tensor_cores=True),
+                          run_kernel(kernel_device, parts, None, x, exact=exact))
+    x = inputs(rng, 70, 96).astype(np.float16)
+    with_tc = run_kernel(kernel_device, parts, None, x, exact=False, tensor_cores=True)
+    assert not np.array_equal(with_tc, run_kernel(kernel_device, parts, None, x, exact=False))
 
 
 # -- fp16 activations: the kernels widen a half x as they stage it ------------------------------

@@ -61,6 +61,7 @@ class CudaBackend(Backend):
         self.xp = device.xp
         self.description = "cuda"
         self.activations = check_activations(activations)
+        self.tensor_cores = bool(getattr(device, "tensor_cores", False))   # sm_80+: the fp16 prefill's mma path
         self.graphs = graphs_enabled() if graphs is None else graphs
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
@@ -185,7 +186,11 @@ class CudaBackend(Backend):
 
     def linear(self, x, weight, exact: bool):
         out = self._empty((x.shape[0], weight.out_features))
-        return linear.linear(self._module("linear"), x, weight, out, exact)
+        # prefill with fp16 activations: tensor cores where the device has them (the launcher
+        # still sends short calls to the row kernels)
+        tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
+        return linear.linear(self._module("linear"), x, weight, out, exact,
+                             self._module("linear_tc") if tensor_cores else None)
 
     def _norm_out(self, shape, feeds_linear: bool):
         return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)

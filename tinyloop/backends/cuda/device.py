@@ -45,6 +45,11 @@ class CupyDevice:
             self._modules[name] = self.xp.RawModule(code=kernel_path(name).read_text(), options=compile_options())
         return self._modules[name]
 
+    @property
+    def tensor_cores(self) -> bool:
+        """mma.sync m16n8k16 with f16 inputs (cuda/linear_tc.cu) needs sm_80 or later."""
+        return int(self.xp.cuda.Device().compute_capability) >= 80
+
     def asarray(self, host, dtype=None):
         return self.xp.asarray(host, dtype=dtype)
 

@@ -7,7 +7,8 @@ butterfly; then the bias is added. Vectorised over rows, columns and lanes.
 
 `linear_bulk_reference` is what linear_bulk_* approximate (float64 products and sums):
 the bulk kernel's order depends on its tiles and on FMA contraction, so tests compare
-it within a tolerance.
+it within a tolerance; `linear_tc_reference` the same for the tensor-core kernels
+(cuda/linear_tc.cu), whose operands are rounded to half first.
 """
 from __future__ import annotations
 
@@ -107,10 +108,22 @@ def dense_weight(packed: PackedLinear) -> np.ndarray:
     return weight
 
 
-def linear_bulk_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
-    """x: (T, in) -> (T, out) float64: the exact value of x @ W.T + bias for the packed W."""
-    out = np.asarray(x, np.float64) @ dense_weight(packed).astype(np.float64).T
+def linear_tc_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """What linear_tc_* (cuda/linear_tc.cu) approximate: x and the dequantized weights each
+    rounded to half, then the exact (float64) x @ W.T + bias. The kernel sums in float32 in
+    an order the tensor cores choose, so tests compare it within a tolerance."""
+    halves = np.asarray(x).astype(np.float16).astype(np.float64)
+    weight = dense_weight(packed).astype(np.float16).astype(np.float64)
+    return _add_bias(halves @ weight.T, packed)
+
+
+def _add_bias(out: np.ndarray, packed: PackedLinear) -> np.ndarray:
     for seg in packed.segments:
         if seg.bias is not None:
             out[:, seg.out_offset:seg.out_offset + seg.out_features] += np.asarray(seg.bias, np.float64)
     return out
+
+
+def linear_bulk_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """x: (T, in) -> (T, out) float64: the exact value of x @ W.T + bias for the packed W."""
+    return _add_bias(np.asarray(x, np.float64) @ dense_weight(packed).astype(np.float64).T, packed)

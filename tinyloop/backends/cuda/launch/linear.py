@@ -6,7 +6,9 @@ number of rows. exact=False (prefill) runs linear_bulk_* when there are enough r
 its 64-row tiles to pay, else the rows kernel (as fast there, and exact anyway).
 
 x is float32 or float16 (fp16 activations); the kernels widen either to float as they
-stage it, so a float16 x gives the bits its float32 widening would.
+stage it, so a float16 x gives the bits its float32 widening would. A bulk call with a
+float16 x runs on tensor cores (cuda/linear_tc.cu: x and the weights in half, float32
+sums) when the caller passes that module (`tc_module`: the backend does on sm_80 and later).
 """
 from __future__ import annotations
 
@@ -18,14 +20,14 @@ ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_W
 ROWS_THREADS = ROWS_WARPS * 32
 ROWS_PER_BLOCK = 16            # rows per block when the column grid alone leaves SMs idle
 FEW_COLUMN_BLOCKS = 512        # below this many column blocks (~4 per H200 SM), split rows too
-BULK_TILE = 64                 # rows and columns per bulk block: BULK_ROWS, BULK_COLS
+BULK_TILE = 64                 # rows and columns per bulk block: BULK_ROWS, BULK_COLS (TC_ROWS, TC_COLS)
 BULK_THREADS = 256
 BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the faster one
 
 
-def linear(module, x, packed: PackedLinear, out, exact: bool):
+def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32 (row stride free)
-    <- x @ W.T + bias."""
+    <- x @ W.T + bias. tc_module: the linear_tc module, for bulk calls with a float16 x."""
     if x.ndim != 2 or x.shape[1] != packed.in_features:
         raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
     n_rows = x.shape[0]
@@ -36,11 +38,12 @@ def linear(module, x, packed: PackedLinear, out, exact: bool):
     if n_rows == 0:
         return out
     bulk = not exact and n_rows >= BULK_MIN_ROWS
+    tensor_cores = bulk and x_half and tc_module is not None
     for seg in packed.segments:
         if seg.out_features == 0:
             continue
         if bulk:
-            name = f"linear_bulk_{seg.kernel}"
+            name = f"linear_{'tc' if tensor_cores else 'bulk'}_{seg.kernel}"
             grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
             block, rows_per_block = (BULK_THREADS,), n_rows
         else:
@@ -61,7 +64,7 @@ def linear(module, x, packed: PackedLinear, out, exact: bool):
                 np.int32(seg.stored_in), np.int32(packed.in_features),
                 any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
                 out, np.int32(y_stride), np.int32(seg.out_offset))
-        module.get_function(name)(grid, block, args)
+        (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
 
 

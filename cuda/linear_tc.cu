@@ -1,0 +1,240 @@
+// The bulk (prefill) linear on tensor cores: y[t, o] = sum_i x[t, i] * W[o, i] (+ bias[o])
+// with x and the dequantized W rounded to half and the products summed in float32, by
+// mma.sync m16n8k16 (sm_80 and later). Same arguments and weight layout as linear.cu
+// (linear_kinds.cuh), except that x must be half (x_half = 1: fp16 activations).
+// Not row-invariant (prefill only, like linear_bulk_*); the launcher picks it for bulk calls
+// when the activations are fp16 (tinyloop/backends/cuda/launch/linear.py).
+//
+// Tiling: a 64-row x 64-column output tile per 256-thread block; warp w computes rows
+// 16 (w % 4) .. +15 and columns 32 (w / 4) .. +31 as four 16 x 8 mma tiles (16 float
+// accumulators per thread). Stored columns go through in steps of 32 (two k16 mma steps):
+// the step's inputs (64 rows x 32, half) and dequantized weights (64 columns x 32, half,
+// each column's k contiguous: the "col" B operand) are staged in shared memory, rows padded
+// to 40 halves so the fragment loads of a warp hit 32 different banks.
+//
+// Fragments (PTX ISA, mma.m16n8k16 with .f16 A/B and .f32 C/D; g = lane / 4, c = lane % 4):
+//   A (16 x 16, row): a0 = (A[g][2c], A[g][2c+1]), a1 = rows g+8, a2 = columns +8, a3 = both;
+//   B (16 x 8, col):  b0 = (B[2c][g], B[2c+1][g]), b1 = k +8;
+//   C, D (16 x 8):    d0, d1 = D[g][2c], D[g][2c+1]; d2, d3 = row g+8;
+// a register holds its lower-index element in its low 16 bits.
+// On the GPU (__CUDA_ARCH__ >= 800) the product is one mma.sync instruction; elsewhere (the
+// CPU harness, or TL_NO_TENSOR_CORES) tl_mma_16816 gathers the same fragments from the warp
+// with shuffles and multiplies them in float, so the harness runs everything around the
+// instruction (staging, fragment addressing, epilogue) against the same layout. What only a
+// GPU shows: that the instruction reads that layout (scripts/gpu_check.sh compares this
+// kernel with its reference on the device) and its speed.
+#include "linear_kinds.cuh"
+
+#define TC_ROWS 64                          // rows per tile
+#define TC_COLS 64                          // output columns per tile
+#define TC_K 32                             // stored columns per step
+#define TC_PITCH (TC_K + 8)                 // halves per staged row: conflict-free fragment loads
+#define TC_THREADS 256
+
+__device__ __forceinline__ unsigned int pack_halves(__half low, __half high) {
+    return (unsigned int)__half_as_ushort(low) | ((unsigned int)__half_as_ushort(high) << 16);
+}
+
+__device__ __forceinline__ float low_half(unsigned int v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
+__device__ __forceinline__ float high_half(unsigned int v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
+
+// d = A (16 x 16) B (16 x 8) + c for the warp, fragments as above. Every lane of the warp calls it.
+__device__ __forceinline__ void tl_mma_16816(float* d, const unsigned int* a, const unsigned int* b, const float* c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(TL_NO_TENSOR_CORES)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#else
+    // This lane's outputs are rows g, g+8 and columns 2c, 2c+1: it needs rows g and g+8 of A
+    // (held by lanes 4g .. 4g+3) and columns 2c, 2c+1 of B (lanes 8c .. 8c+3 and 8c+4 .. 8c+7).
+    const int lane = threadIdx.x & 31, g = lane >> 2, cc = lane & 3;
+    float row0[16], row1[16], col0[16], col1[16];
+    for (int q = 0; q < 4; q++) {                    // q: the source lane's c
+        unsigned int r0 = __shfl_sync(TL_FULL_MASK, a[0], 4 * g + q);   // A[g][2q, 2q+1]
+        unsigned int r1 = __shfl_sync(TL_FULL_MASK, a[1], 4 * g + q);   // A[g+8][2q, 2q+1]
+        unsigned int r2 = __shfl_sync(TL_FULL_MASK, a[2], 4 * g + q);   // A[g][2q+8, 2q+9]
+        unsigned int r3 = __shfl_sync(TL_FULL_MASK, a[3], 4 * g + q);   // A[g+8][2q+8, 2q+9]
+        unsigned int b00 = __shfl_sync(TL_FULL_MASK, b[0], 4 * (2 * cc) + q);       // B[2q, 2q+1][2c]
+        unsigned int b01 = __shfl_sync(TL_FULL_MASK, b[1], 4 * (2 * cc) + q);       // B[2q+8, 2q+9][2c]
+        unsigned int b10 = __shfl_sync(TL_FULL_MASK, b[0], 4 * (2 * cc + 1) + q);   // column 2c+1
+        unsigned int b11 = __shfl_sync(TL_FULL_MASK, b[1], 4 * (2 * cc + 1) + q);
+        row0[2 * q] = low_half(r0); row0[2 * q + 1] = high_half(r0);
+        row1[2 * q] = low_half(r1); row1[2 * q + 1] = high_half(r1);
+        row0[2 * q + 8] = low_half(r2); row0[2 * q + 9] = high_half(r2);
+        row1[2 * q + 8] = low_half(r3); row1[2 * q + 9] = high_half(r3);
+        col0[2 * q] = low_half(b00); col0[2 * q + 1] = high_half(b00);
+        col0[2 * q + 8] = low_half(b01); col0[2 * q + 9] = high_half(b01);
+        col1[2 * q] = low_half(b10); col1[2 * q + 1] = high_half(b10);
+        col1[2 * q + 8] = low_half(b11); col1[2 * q + 9] = high_half(b11);
+    }
+    float s[4] = {c[0], c[1], c[2], c[3]};
+    for (int k = 0; k < 16; k++) {
+        s[0] += row0[k] * col0[k];
+        s[1] += row0[k] * col1[k];
+        s[2] += row1[k] * col0[k];
+        s[3] += row1[k] * col1[k];
+    }
+    for (int i = 0; i < 4; i++) d[i] = s[i];
+#endif
+}
+
+template <class Kind>
+__device__ __forceinline__ void linear_tc_tiles(const LinearArgs& a, __half (*xs)[TC_PITCH], __half (*ws)[TC_PITCH]) {
+    const int CPW = Kind::CPW;
+    const int WORDS = TC_K / CPW;                    // words per weight row per step
+    const int o0 = blockIdx.x * TC_COLS, t0 = blockIdx.y * TC_ROWS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int wr = (warp & 3) * 16, wc = (warp >> 2) * 32;      // the warp's rows and columns in the tile
+    float acc[4][4];                                 // [n8 tile][fragment element]
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+
+    const int stored_cols = a.words_per_row * CPW;
+    for (int k0 = 0; k0 < stored_cols; k0 += TC_K) {
+#pragma unroll 1
+        for (int i = threadIdx.x; i < TC_ROWS * TC_K; i += TC_THREADS) {
+            int r = i / TC_K, k = i % TC_K;          // a warp stages one row's 32 columns
+            int t = t0 + r;
+            xs[r][k] = __float2half_rn(t < a.n_rows ? stored_input<__half>(a, t, k0 + k) : 0.0f);   // exact
+        }
+#pragma unroll 1
+        for (int i = threadIdx.x; i < TC_COLS * WORDS; i += TC_THREADS) {
+            int q = i % WORDS, n = i / WORDS;        // consecutive threads, one column's consecutive words
+            int o = o0 + n, w = k0 / CPW + q;
+            float weight[CPW];
+            if (o < a.n_out && w < a.words_per_row) {
+                Kind::decode(a.weights[(long long)o * a.words_per_row + w], w, o, a, weight);
+            } else {
+#pragma unroll
+                for (int s = 0; s < CPW; s++) weight[s] = 0.0f;
+            }
+#pragma unroll
+            for (int s = 0; s < CPW; s++) ws[n][q * CPW + s] = __float2half_rn(weight[s]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TC_K; kk += 16) {
+            unsigned int af[4];
+            af[0] = pack_halves(xs[wr + g][kk + 2 * c], xs[wr + g][kk + 2 * c + 1]);
+            af[1] = pack_halves(xs[wr + g + 8][kk + 2 * c], xs[wr + g + 8][kk + 2 * c + 1]);
+            af[2] = pack_halves(xs[wr + g][kk + 2 * c + 8], xs[wr + g][kk + 2 * c + 9]);
+            af[3] = pack_halves(xs[wr + g + 8][kk + 2 * c + 8], xs[wr + g + 8][kk + 2 * c + 9]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const __half* column = ws[wc + 8 * j + g];
+                unsigned int bf[2] = {pack_halves(column[kk + 2 * c], column[kk + 2 * c + 1]),
+                                      pack_halves(column[kk + 2 * c + 8], column[kk + 2 * c + 9])};
+                tl_mma_16816(acc[j], af, bf, acc[j]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int t = t0 + wr + g + (i >= 2 ? 8 : 0);
+            int o = o0 + wc + 8 * j + 2 * c + (i & 1);
+            if (t < a.n_rows && o < a.n_out)
+                a.y[(long long)t * a.y_stride + a.y_offset + o] = acc[j][i] + (a.has_bias ? a.bias[o] : 0.0f);
+        }
+}
+
+// One m16n8k16 product, for tests: lane l's fragments are a[4l..4l+3], b[2l, 2l+1],
+// c[4l..4l+3] (the layout above) and its result goes to d[4l..4l+3]. One warp: block (32,).
+// On a GPU this checks the instruction against the layout the tests write down from the
+// PTX ISA; on the harness, tl_mma_16816's stand-in against the same.
+extern "C" __global__ void mma_16816_lanes(const unsigned int* a, const unsigned int* b, const float* c, float* d) {
+    int lane = threadIdx.x & 31;
+    unsigned int af[4] = {a[4 * lane], a[4 * lane + 1], a[4 * lane + 2], a[4 * lane + 3]};
+    unsigned int bf[2] = {b[2 * lane], b[2 * lane + 1]};
+    float cf[4] = {c[4 * lane], c[4 * lane + 1], c[4 * lane + 2], c[4 * lane + 3]};
+    float df[4];
+    tl_mma_16816(df, af, bf, cf);
+    for (int i = 0; i < 4; i++) d[4 * lane + i] = df[i];
+}
+
+// Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
+template <class Kind>
+__device__ __forceinline__ void linear_tc(const LinearArgs& a) {
+    __shared__ __half xs[TC_ROWS][TC_PITCH];        // 5 KiB
+    __shared__ __half ws[TC_COLS][TC_PITCH];        // 5 KiB
+    linear_tc_tiles<Kind>(a, xs, ws);
+}
+
+// -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int2(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const __half* scale, const __half* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<2, __half>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int2_f32s(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const float* scale, const float* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<2, float>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int4(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const __half* scale, const __half* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<4, __half>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int4_f32s(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const float* scale, const float* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<4, float>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int8(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const __half* scale, const __half* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<8, __half>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int8_f32s(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const float* scale, const float* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<QuantKind<8, float>>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_f16(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const float* scale, const float* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<F16Kind>(LINEAR_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_f32(
+    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
+    const unsigned int* weights, int words_per_row, int n_out,
+    const float* scale, const float* mins, int groups, int group_size,
+    const int* perm, int has_perm, int stored_in, int in_features,
+    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    linear_tc<F32Kind>(LINEAR_ARGS);
+}
