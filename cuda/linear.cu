@@ -1,4 +1,5 @@
-// The linear layer on packed weights: y[t, o] = sum_i x[t, i] * W[o, i] (+ bias[o]).
+// The linear layer on packed weights: y[t, o] = sum_i x[t, i] * W[o, i] (+ bias[o])
+// (+ residual[t, o]: the residual add fused into the epilogue, linear_kinds.cuh).
 //
 // One weight segment per launch (tinyloop/backends/cuda/launch/packing.py): `weights` is
 // (n_out, words_per_row) 32-bit words: packed int2/int4/int8 codes, or f16 pairs, or f32,
@@ -22,12 +23,13 @@
 // Every kernel here takes the same arguments (scale and min typed as above; dense kinds
 // ignore scale/min/groups/group_size and get has_perm = 0):
 //   x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, min, groups,
-//   group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y, y_stride, y_offset
+//   group_size, perm, has_perm, stored_in, in_features, bias, has_bias, residual, has_residual,
+//   residual_stride, y, y_stride, y_offset
 //
 // linear_rows_*: the exact path (decode, verify: 1..65 rows). One warp per output column;
 // lane l accumulates the column's words l, l+32, l+64, ... in that order, and within a
 // word its columns in order, with tl_mul/tl_add (one accumulator per row); then
-// tl_warp_sum; then the bias. None of this depends on the number of rows, the row chunk a
+// tl_warp_sum; then the bias, then the residual. None of this depends on the number of rows, the row chunk a
 // row falls in, or the block: a row's result is the same bits in every launch.
 // Rows go through in register chunks of 8 (then 4, 2, 1 for the rest): the weights are
 // read from DRAM by the first chunk, and the later chunks' re-reads of the same column
@@ -116,12 +118,10 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
         }
     }
     if (!active) return;
-    float bias = a.has_bias ? a.bias[o] : 0.0f;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float sum = tl_warp_sum(acc[r]);
-        if (a.has_bias) sum = tl_add(sum, bias);
-        if (lane == 0) a.y[(long long)(row0 + r) * a.y_stride + a.y_offset + o] = sum;
+        if (lane == 0) store_output(a, row0 + r, o, sum);
     }
 }
 
@@ -205,8 +205,7 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int o = o0 + tx * 4 + j;
-            if (o < a.n_out)
-                a.y[(long long)t * a.y_stride + a.y_offset + o] = acc[i][j] + (a.has_bias ? a.bias[o] : 0.0f);
+            if (o < a.n_out) store_output(a, t, o, acc[i][j]);
         }
     }
 }
@@ -218,7 +217,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<2, __half>>(LINEAR_ARGS);
 }
 
@@ -227,7 +227,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<2, float>>(LINEAR_ARGS);
 }
 
@@ -236,7 +237,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<4, __half>>(LINEAR_ARGS);
 }
 
@@ -245,7 +247,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<4, float>>(LINEAR_ARGS);
 }
 
@@ -254,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<8, __half>>(LINEAR_ARGS);
 }
 
@@ -263,7 +267,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<QuantKind<8, float>>(LINEAR_ARGS);
 }
 
@@ -272,7 +277,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_f16(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<F16Kind>(LINEAR_ARGS);
 }
 
@@ -281,7 +287,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_f32(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_rows<F32Kind>(LINEAR_ARGS);
 }
 
@@ -290,7 +297,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS);
 }
 
@@ -299,7 +307,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<2, float>>(LINEAR_ARGS);
 }
 
@@ -308,7 +317,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<4, __half>>(LINEAR_ARGS);
 }
 
@@ -317,7 +327,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<4, float>>(LINEAR_ARGS);
 }
 
@@ -326,7 +337,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<8, __half>>(LINEAR_ARGS);
 }
 
@@ -335,7 +347,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<QuantKind<8, float>>(LINEAR_ARGS);
 }
 
@@ -344,7 +357,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_f16(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<F16Kind>(LINEAR_ARGS);
 }
 
@@ -353,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_bulk_f32(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_bulk<F32Kind>(LINEAR_ARGS);
 }

@@ -10,6 +10,7 @@ struct LinearArgs {
     const void* scale; const void* mins; int groups; int group_size;   // half or float: S below
     const int* perm; int has_perm; int stored_in; int in_features;
     const float* bias; int has_bias;
+    const float* residual; int has_residual; int residual_stride;  // y = residual + x W^T (+ bias)
     float* y; int y_stride; int y_offset;
 };
 
@@ -79,7 +80,18 @@ __device__ __forceinline__ float stored_input(const LinearArgs& a, int t, int j)
     return source < a.in_features ? widen(static_cast<const X*>(a.x)[(long long)t * a.x_stride + source]) : 0.0f;
 }
 
+// Output t, o of the call from its sum: + bias, + residual (the fixed order every path uses).
+__device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, float sum) {
+    if (a.has_bias) sum = tl_add(sum, a.bias[o]);
+    if (a.has_residual) sum = tl_add(sum, a.residual[(long long)t * a.residual_stride + a.y_offset + o]);
+    a.y[(long long)t * a.y_stride + a.y_offset + o] = sum;
+}
+
 // The entry points' argument list as a LinearArgs (every linear kernel takes the same arguments).
+// The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
+// pre-norm block fused into the epilogue, one launch fewer; residual has the full output's
+// columns, row stride residual_stride floats, and may not overlap y). In that order, so the
+// bits are those of the unfused add h + (x W^T + bias), IEEE addition being commutative.
 #define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
-                     groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias, y,   \
-                     y_stride, y_offset}
+                     groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias,      \
+                     residual, has_residual, residual_stride, y, y_stride, y_offset}

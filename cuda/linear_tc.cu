@@ -139,8 +139,7 @@ __device__ __forceinline__ void linear_tc_tiles(const LinearArgs& a, __half (*xs
         for (int i = 0; i < 4; i++) {
             int t = t0 + wr + g + (i >= 2 ? 8 : 0);
             int o = o0 + wc + 8 * j + 2 * c + (i & 1);
-            if (t < a.n_rows && o < a.n_out)
-                a.y[(long long)t * a.y_stride + a.y_offset + o] = acc[j][i] + (a.has_bias ? a.bias[o] : 0.0f);
+            if (t < a.n_rows && o < a.n_out) store_output(a, t, o, acc[j][i]);
         }
 }
 
@@ -172,7 +171,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int2(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<2, __half>>(LINEAR_ARGS);
 }
 
@@ -181,7 +181,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int2_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<2, float>>(LINEAR_ARGS);
 }
 
@@ -190,7 +191,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int4(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<4, __half>>(LINEAR_ARGS);
 }
 
@@ -199,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int4_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<4, float>>(LINEAR_ARGS);
 }
 
@@ -208,7 +211,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int8(
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<8, __half>>(LINEAR_ARGS);
 }
 
@@ -217,7 +221,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_int8_f32s(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<QuantKind<8, float>>(LINEAR_ARGS);
 }
 
@@ -226,7 +231,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_f16(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<F16Kind>(LINEAR_ARGS);
 }
 
@@ -235,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) linear_tc_f32(
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
     const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, float* y, int y_stride, int y_offset) {
+    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
+    float* y, int y_stride, int y_offset) {
     linear_tc<F32Kind>(LINEAR_ARGS);
 }

@@ -54,11 +54,11 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
         ("kv_write_fp16", 2 * kv * 4 + 2 * kv * 2 + 4, n),
         ("attention_fp16 (pass 1, 256-key chunks)", 2 * CONTEXT * kv * 2 + q * 4 + chunk_partials + 4, n),
         ("attention_merge", chunk_partials + q * 4, n),
-        ("linear_rows out", packed_linear_bytes(q, d, s["core_bits"], s["bias"]), n),
-        ("add (CuPy, residual)", 3 * d * 4, 2 * n),
+        # the residual add is fused into the out and down projections' epilogue: h read there
+        ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         ("linear_rows up", packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
         ("swiglu" if s["mlp"] == "swiglu" else "gelu_tanh", (up_out + ffn) * 4, n),
-        ("linear_rows down", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]), n),
+        ("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n),
         ("linear_rows head", packed_linear_bytes(d, s["vocab"], s["head_bits"], False), 1),
         ("argmax_rows", s["vocab"] * 4 + 4, 1),
     ]

@@ -59,8 +59,8 @@ def test_every_linear_input_but_attentions_output_is_half(tiny_files, preset, de
                 names.update({id(getattr(layer, n)): n for n in ("qkv", "out", "up", "down")})
         fed = {}
         original = backend.linear
-        monkeypatch.setattr(backend, "linear", lambda x, w, exact: fed.setdefault(names[id(w)], set()).add(
-            x.dtype) or original(x, w, exact))
+        monkeypatch.setattr(backend, "linear", lambda x, w, exact, **kw: fed.setdefault(names[id(w)], set()).add(
+            x.dtype) or original(x, w, exact, **kw))
         logits_of_a_short_run(model, PROMPT[:4], steps=1)
         half = {np.dtype(np.float16 if activations == "fp16" else np.float32)}
         assert fed == {"qkv": half, "out": {np.dtype(np.float32)}, "up": half, "down": half, "head": half}

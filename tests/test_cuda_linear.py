@@ -262,6 +262,34 @@ def test_tensor_cores_only_for_bulk_calls_with_half_inputs(kernel_device):
     assert not np.array_equal(with_tc, run_kernel(kernel_device, parts, None, x, exact=False))
 
 
+# -- the residual add fused into the epilogue ---------------------------------------------------
+@pytest.mark.parametrize("path", ["rows 1", "rows 65", "bulk", "tensor cores"])
+@pytest.mark.parametrize("kind", ["int4", "f32"])
+def test_a_fused_residual_gives_the_bits_of_the_separate_add(kernel_device, kind, path):
+    """linear(..., residual=h) == h + linear(...) bit for bit (NumPy's add as the oracle) on every
+    path, two segments, a bias, and h a strided view; out and h may not overlap."""
+    rows = {"rows 1": 1, "rows 65": 65}.get(path, 70)
+    rng = np.random.default_rng(rows + len(path))
+    n_in = 75
+    parts = [weight_part(kind, rng, 30, n_in, act_order=kind == "int4"), weight_part(kind, rng, 14, n_in)]
+    bias = rng.standard_normal(44).astype(np.float32)
+    x = inputs(rng, rows, n_in).astype(np.float16 if path == "tensor cores" else np.float32)
+    exact, tensor_cores = path.startswith("rows"), path == "tensor cores"
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=kernel_device.asarray), keep_f16=True)
+    wide_h = rng.standard_normal((rows, 50)).astype(np.float32) * np.float32(30)
+    h = kernel_device.asarray(wide_h)[:, 3:47]                               # (T, 44), row stride 50
+    module, tc = kernel_device.module("linear"), kernel_device.module("linear_tc") if tensor_cores else None
+    fused, plain = kernel_device.zeros((rows, 44), np.float32), kernel_device.zeros((rows, 44), np.float32)
+    x_dev = kernel_device.asarray(x)
+    launch.linear(module, x_dev, packed, fused, exact, tc, residual=h)
+    launch.linear(module, x_dev, packed, plain, exact, tc)
+    assert_bits_equal(kernel_device.to_host(fused), wide_h[:, 3:47] + kernel_device.to_host(plain))
+    with pytest.raises(ValueError, match="must not overlap"):
+        launch.linear(module, x_dev, packed, h, exact, tc, residual=h)
+    with pytest.raises(ValueError, match="residual must have shape"):
+        launch.linear(module, x_dev, packed, plain, exact, tc, residual=h[:, :40])
+
+
 # -- fp16 activations: the kernels widen a half x as they stage it ------------------------------
 @pytest.mark.parametrize("exact,rows", [(True, 1), (True, 65), (False, 70)])
 @pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)

@@ -94,9 +94,11 @@ class Backend(abc.ABC):
         """ids: (T,) host ints -> (T, D)."""
 
     @abc.abstractmethod
-    def linear(self, x, weight, exact: bool):
-        """x: (T, in) float32 or float16 -> (T, out) float32 = x @ W (+ bias), a float16 x
-        widened exactly. exact: each row's result independent of T."""
+    def linear(self, x, weight, exact: bool, residual=None):
+        """x: (T, in) float32 or float16 -> (T, out) float32 = x @ W (+ bias) (+ residual, a (T, out)
+        float32 array: the residual add, fused into the kernel on a GPU; the bits of
+        residual + (x @ W + bias)), a float16 x widened exactly. exact: each row's result
+        independent of T."""
 
     @abc.abstractmethod
     def rms_norm(self, x, weight, eps: float, feeds_linear: bool = False):

@@ -75,10 +75,11 @@ class CpuBackend(Backend):
     def embed(self, table, ids):
         return table[np.asarray(ids)]
 
-    def linear(self, x, weight: DenseLinear, exact: bool):
+    def linear(self, x, weight: DenseLinear, exact: bool, residual=None):
         if x.dtype == np.float16:                   # fp16 activations: widened exactly
             x = x.astype(np.float32)
-        return linear(x, weight.weight, weight.bias, exact)
+        out = linear(x, weight.weight, weight.bias, exact)
+        return out if residual is None else residual + out
 
     def _linear_input(self, x, feeds_linear: bool = True):
         """x rounded to half (to nearest, ties to even) when it feeds a linear under fp16 activations."""

@@ -184,13 +184,13 @@ class CudaBackend(Backend):
         device_ids = self._static.tokens if self._static is not None else self._ints(ids)
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
-    def linear(self, x, weight, exact: bool):
+    def linear(self, x, weight, exact: bool, residual=None):
         out = self._empty((x.shape[0], weight.out_features))
         # prefill with fp16 activations: tensor cores where the device has them (the launcher
         # still sends short calls to the row kernels)
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
         return linear.linear(self._module("linear"), x, weight, out, exact,
-                             self._module("linear_tc") if tensor_cores else None)
+                             self._module("linear_tc") if tensor_cores else None, residual)
 
     def _norm_out(self, shape, feeds_linear: bool):
         return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)

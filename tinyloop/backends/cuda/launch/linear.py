@@ -25,9 +25,11 @@ BULK_THREADS = 256
 BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the faster one
 
 
-def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None):
+def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32 (row stride free)
-    <- x @ W.T + bias. tc_module: the linear_tc module, for bulk calls with a float16 x."""
+    <- x @ W.T + bias (+ residual: (T, out) float32, row stride free, not overlapping out; the
+    residual add fused into the kernels' epilogue, the bits of residual + (x @ W.T + bias)).
+    tc_module: the linear_tc module, for bulk calls with a float16 x."""
     if x.ndim != 2 or x.shape[1] != packed.in_features:
         raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
     n_rows = x.shape[0]
@@ -35,6 +37,13 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
     x_half = x.dtype == np.float16
     x_stride, y_stride = _row_stride(x, "x", np.float16 if x_half else np.float32), _row_stride(out, "out")
+    residual_stride = 0
+    if residual is not None:
+        if residual.ndim != 2 or residual.shape != out.shape:
+            raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
+        residual_stride = _row_stride(residual, "residual")
+        if _overlap(residual, out):
+            raise ValueError("residual and out must not overlap (each output is written as it is summed)")
     if n_rows == 0:
         return out
     bulk = not exact and n_rows >= BULK_MIN_ROWS
@@ -63,9 +72,19 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None):
                 any_float if seg.perm is None else seg.perm, np.int32(seg.perm is not None),
                 np.int32(seg.stored_in), np.int32(packed.in_features),
                 any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
-                out, np.int32(y_stride), np.int32(seg.out_offset))
+                any_float if residual is None else residual, np.int32(residual is not None),
+                np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset))
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
+
+
+def _overlap(a, b) -> bool:
+    if hasattr(a.data, "ptr"):                      # CuPy: byte ranges on the device
+        a0, b0 = a.data.ptr, b.data.ptr
+        a1 = a0 + (a.shape[0] - 1) * a.strides[0] + a.shape[1] * a.itemsize
+        b1 = b0 + (b.shape[0] - 1) * b.strides[0] + b.shape[1] * b.itemsize
+        return a0 < b1 and b0 < a1
+    return np.shares_memory(a, b)
 
 
 def _blocks(n: int, per_block: int) -> int:
