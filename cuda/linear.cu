@@ -46,6 +46,9 @@
 // Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
 #include "linear_kinds.cuh"
 
+// The rows kernels are declared __launch_bounds__(256, 4): four blocks per SM, so ptxas
+// budgets 64 registers and does not spill (left to choose, it picked fewer and spilled the
+// accumulators on sm_80; cuda/RESOURCES.md, checked in CI).
 #define LIN_WARPS 8                         // warps (output columns) per block on the rows path
 #define LIN_THREADS (LIN_WARPS * 32)
 #define LIN_CHUNK 8                         // rows per register chunk
@@ -212,7 +215,7 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 
 // -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int2(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
@@ -222,7 +225,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2(
     linear_rows<QuantKind<2, __half>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int2_f32s(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int2_f32s(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
@@ -232,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int2_f32s(
     linear_rows<QuantKind<2, float>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int4(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int4(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
@@ -242,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4(
     linear_rows<QuantKind<4, __half>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int4_f32s(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int4_f32s(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
@@ -252,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int4_f32s(
     linear_rows<QuantKind<4, float>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int8(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int8(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const __half* scale, const __half* mins, int groups, int group_size,
@@ -262,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8(
     linear_rows<QuantKind<8, __half>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_int8_f32s(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int8_f32s(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
@@ -272,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_int8_f32s(
     linear_rows<QuantKind<8, float>>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_f16(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_f16(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
@@ -282,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_rows_f16(
     linear_rows<F16Kind>(LINEAR_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(256) linear_rows_f32(
+extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_f32(
     const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
     const unsigned int* weights, int words_per_row, int n_out,
     const float* scale, const float* mins, int groups, int group_size,
