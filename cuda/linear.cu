@@ -77,8 +77,6 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
     }
 }
 
-
-
 // R rows starting at row0 for this warp's column `o` (all warps of the block call it:
 // it holds barriers).
 template <class Kind, class X, int R>
@@ -173,14 +171,8 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
         }
         for (int i = threadIdx.x; i < BULK_COLS * WORDS; i += BULK_THREADS) {
             int n = i % BULK_COLS, q = i / BULK_COLS;    // consecutive threads, consecutive columns
-            int o = o0 + n, w = k0 / CPW + q;
             float weight[CPW];
-            if (o < a.n_out && w < a.words_per_row) {
-                Kind::decode(a.weights[(long long)o * a.words_per_row + w], w, o, a, weight);
-            } else {
-#pragma unroll
-                for (int s = 0; s < CPW; s++) weight[s] = 0.0f;
-            }
+            word_weights<Kind>(a, o0 + n, k0 / CPW + q, weight);
 #pragma unroll
             for (int s = 0; s < CPW; s++) ws[q * CPW + s][n] = weight[s];
         }

@@ -80,6 +80,18 @@ __device__ __forceinline__ float stored_input(const LinearArgs& a, int t, int j)
     return source < a.in_features ? widen(static_cast<const X*>(a.x)[(long long)t * a.x_stride + source]) : 0.0f;
 }
 
+// The CPW weights of stored word w of output o, or zeros outside the weight (o >= n_out or
+// w >= words_per_row: a tile's edge). The bulk paths' weight staging.
+template <class Kind>
+__device__ __forceinline__ void word_weights(const LinearArgs& a, int o, int w, float* weight) {
+    if (o < a.n_out && w < a.words_per_row) {
+        Kind::decode(a.weights[(long long)o * a.words_per_row + w], w, o, a, weight);
+    } else {
+#pragma unroll
+        for (int s = 0; s < Kind::CPW; s++) weight[s] = 0.0f;
+    }
+}
+
 // Output t, o of the call from its sum: + bias, + residual (the fixed order every path uses).
 __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, float sum) {
     if (a.has_bias) sum = tl_add(sum, a.bias[o]);

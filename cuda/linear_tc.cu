@@ -1,7 +1,8 @@
 // The bulk (prefill) linear on tensor cores: y[t, o] = sum_i x[t, i] * W[o, i] (+ bias[o])
 // with x and the dequantized W rounded to half and the products summed in float32, by
 // mma.sync m16n8k16 (sm_80 and later). Same arguments and weight layout as linear.cu
-// (linear_kinds.cuh), except that x must be half (x_half = 1: fp16 activations).
+// (linear_kinds.cuh), except that x must be half (x_half = 1: fp16 activations; the launcher
+// only picks these kernels for a float16 x) and rows_per_block is unused.
 // Not row-invariant (prefill only, like linear_bulk_*); the launcher picks it for bulk calls
 // when the activations are fp16 (tinyloop/backends/cuda/launch/linear.py).
 //
@@ -105,14 +106,8 @@ __device__ __forceinline__ void linear_tc_tiles(const LinearArgs& a, __half (*xs
 #pragma unroll 1
         for (int i = threadIdx.x; i < TC_COLS * WORDS; i += TC_THREADS) {
             int q = i % WORDS, n = i / WORDS;        // consecutive threads, one column's consecutive words
-            int o = o0 + n, w = k0 / CPW + q;
             float weight[CPW];
-            if (o < a.n_out && w < a.words_per_row) {
-                Kind::decode(a.weights[(long long)o * a.words_per_row + w], w, o, a, weight);
-            } else {
-#pragma unroll
-                for (int s = 0; s < CPW; s++) weight[s] = 0.0f;
-            }
+            word_weights<Kind>(a, o0 + n, k0 / CPW + q, weight);
 #pragma unroll
             for (int s = 0; s < CPW; s++) ws[n][q * CPW + s] = __float2half_rn(weight[s]);
         }

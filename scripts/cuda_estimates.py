@@ -31,7 +31,8 @@ SHAPES = {
 }
 BLOCK_THREADS = {"linear_rows": 256, "linear_bulk": 256, "kv_write": 128, "attention_merge": 128, "attention": 128,
                  "rms_norm": 256, "layer_norm": 256, "rope_rows": 256,
-                 "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256}
+                 "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256,
+                 "linear_tc": 256, "mma_16816_lanes": 32}
 
 
 def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:

@@ -80,11 +80,11 @@ def test_the_cuda_backend_follows_the_cpu_backend_under_fp16(tiny_files, preset)
             for device in ("cpu", "cuda") for a in ("fp32", "fp16")}
     scale = np.abs(runs["cpu", "fp32"]).max()
     between_backends = np.abs(runs["cuda", "fp16"] - runs["cpu", "fp16"]).max()
-    assert between_backends <= 2e-3 * scale, between_backends
+    assert between_backends <= 1e-3 * scale, between_backends
     assert np.array_equal(runs["cuda", "fp16"].argmax(axis=1), runs["cpu", "fp16"].argmax(axis=1))
     for device in ("cpu", "cuda"):
         from_fp32 = np.abs(runs[device, "fp16"] - runs[device, "fp32"]).max()
-        assert 1e-5 * scale < from_fp32 <= 2e-3 * scale, (device, from_fp32)
+        assert 1e-5 * scale < from_fp32 <= 1e-3 * scale, (device, from_fp32)
 
 
 @pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped int4"])
@@ -95,13 +95,25 @@ def test_a_long_prefill_runs_on_tensor_cores_and_follows_the_cpu(tiny_files, pre
     prompt = [int(t) for t in np.random.default_rng(70).integers(3, 500, 70)]
     cpu = logits_of_a_short_run(load_model(tiny_files[preset], select_backend("cpu", "fp16")).model, prompt)
     backend = cuda_backend(activations="fp16")
-    modules = []
+    if not backend.tensor_cores:
+        pytest.skip("this GPU has no f16 mma (before sm_80)")
+    launched = []
+
+    class Spy:                                    # records the kernels taken from linear_tc
+        def __init__(self, module):
+            self.module = module
+
+        def get_function(self, name):
+            launched.append(name)
+            return self.module.get_function(name)
+
     original = backend._module
-    monkeypatch.setattr(backend, "_module", lambda name: modules.append(name) or original(name))
+    monkeypatch.setattr(backend, "_module", lambda name: Spy(original(name)) if name == "linear_tc" else original(name))
     cuda = logits_of_a_short_run(load_model(tiny_files[preset], backend).model, prompt)
-    assert "linear_tc" in modules
+    kind = "int4" if "int4" in preset else "f32"
+    assert {f"linear_tc_{kind}"} <= set(launched), set(launched)
     scale = np.abs(cpu).max()
-    assert np.abs(cuda - cpu).max() <= 3e-3 * scale, np.abs(cuda - cpu).max() / scale
+    assert np.abs(cuda - cpu).max() <= 1.5e-3 * scale, np.abs(cuda - cpu).max() / scale
     assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
 
 

@@ -167,8 +167,10 @@ def test_half_outputs_are_the_float_results_rounded(kernel_device, op):
                 launch.rms_norm(module, kernel_device.asarray(x), kernel_device.asarray(weight), 1e-5, out)
                 expected = twin.rms_norm(x, weight, 1e-5)
             else:
-                launch.layer_norm(module, kernel_device.asarray(x), kernel_device.asarray(weight), None, 1e-5, out)
-                expected = twin.layer_norm(x, weight, None, 1e-5)
+                bias = rng.standard_normal(width).astype(F)
+                launch.layer_norm(module, kernel_device.asarray(x), kernel_device.asarray(weight),
+                                  kernel_device.asarray(bias), 1e-5, out)
+                expected = twin.layer_norm(x, weight, bias, 1e-5)
     elif op == "swiglu":
         up = rng.standard_normal((rows, 2 * width)).astype(F) * F(400)
         out = kernel_device.empty((rows, width), np.float16)
@@ -192,5 +194,7 @@ def test_half_output_cannot_overwrite_its_float_input(kernel_device):
     x = kernel_device.asarray(np.ones((2, 8), F))
     with pytest.raises(ValueError, match="in place"):
         launch.gelu(module, x, x.view(np.float16).reshape(-1)[:16].reshape(2, 8))
+    with pytest.raises(ValueError, match="in place"):                       # partly over it, too
+        launch.gelu(module, x, x.view(np.float16).reshape(-1)[8:24].reshape(2, 8))
     with pytest.raises(ValueError, match="float32 or float16"):
         launch.rms_norm(module, x, kernel_device.asarray(np.ones(8, F)), 1e-5, kernel_device.empty((2, 8), np.float64))

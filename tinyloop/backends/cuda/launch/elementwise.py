@@ -7,6 +7,7 @@ the output is a linear layer's input, rounded to the nearest half); its dtype pi
 import numpy as np
 
 from tinyloop.backends.cpu.twins.elementwise import NORM_THREADS
+from tinyloop.backends.cuda.launch.memory import may_overlap
 
 ROW_THREADS = 256            # embed_rows, rope_rows: one block per row, threads stride the row
 FLAT_THREADS = 256           # add_rows, swiglu, gelu_tanh: grid-stride loops
@@ -35,13 +36,9 @@ def _out_half(out, *inputs) -> np.int32:
     if out.dtype != np.float16:
         raise ValueError(f"out must be float32 or float16, got {out.dtype}")
     for a in inputs:
-        if a is not None and _same_memory(a, out):
+        if a is not None and may_overlap(a, out):
             raise ValueError("a float16 out cannot be computed in place over its float32 input")
     return np.int32(1)
-
-
-def _same_memory(a, b) -> bool:
-    return a.data.ptr == b.data.ptr if hasattr(a.data, "ptr") else np.shares_memory(a, b)
 
 
 def _check_contiguous(*arrays) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinyloop.backends.cuda.launch.memory import may_overlap
 from tinyloop.backends.cuda.launch.packing import PackedLinear
 
 ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
@@ -42,7 +43,7 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
         if residual.ndim != 2 or residual.shape != out.shape:
             raise ValueError(f"residual must have shape {out.shape}, got {residual.shape}")
         residual_stride = _row_stride(residual, "residual")
-        if _overlap(residual, out):
+        if may_overlap(residual, out):
             raise ValueError("residual and out must not overlap (each output is written as it is summed)")
     if n_rows == 0:
         return out
@@ -76,15 +77,6 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
                 np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset))
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
-
-
-def _overlap(a, b) -> bool:
-    if hasattr(a.data, "ptr"):                      # CuPy: byte ranges on the device
-        a0, b0 = a.data.ptr, b.data.ptr
-        a1 = a0 + (a.shape[0] - 1) * a.strides[0] + a.shape[1] * a.itemsize
-        b1 = b0 + (b.shape[0] - 1) * b.strides[0] + b.shape[1] * b.itemsize
-        return a0 < b1 and b0 < a1
-    return np.shares_memory(a, b)
 
 
 def _blocks(n: int, per_block: int) -> int:
