@@ -161,7 +161,8 @@ def main() -> int:
         if config.skipped:
             continue
         probe(config)
-        key = (config.kernels, config.simd)
+        # what the run depends on: the kernels loaded, and any setting of ours (fp16 activations)
+        key = (config.kernels, config.simd, config.env.get("TINYLOOP_ACTIVATIONS"))
         if key in seen_kernels:
             config.skipped = f"OpenBLAS loaded {config.kernels} kernels: already run as '{seen_kernels[key]}'"
         else:

@@ -78,3 +78,19 @@ def test_the_reduced_set_samples_the_marked_sweeps_and_keeps_the_rest():
     assert {t for t in full if t.startswith(sweep)} == {f"{sweep}[{b}]" for b in range(10)}
     unsampled = {t for t in full if not t.startswith(sweep)}
     assert unsampled and unsampled <= reduced
+
+
+def test_the_fp16_configuration_is_not_taken_for_a_repeat_of_the_same_kernels(monkeypatch, capsys):
+    """Configurations whose OpenBLAS kernels and SIMD match one already run are skipped, but the
+    fp16-activations one runs the same kernels on purpose: it must still run."""
+    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS)
+
+    def same_kernels_everywhere(config):
+        config.kernels, config.simd = "Haswell", "X86_V3"
+    monkeypatch.setattr(matrix, "probe", same_kernels_everywhere)
+    monkeypatch.setattr(matrix.sys, "argv", ["exactness_matrix.py", "--list"])
+    matrix.main()
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    fp16 = next(line for line in lines if line.startswith("fp16 activations"))
+    haswell = next(line for line in lines if line.startswith("Haswell"))
+    assert "would run" in fp16 and "skipped" in haswell, (fp16, haswell)
