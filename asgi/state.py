@@ -145,7 +145,8 @@ class ServerState:
 
     def runtime(self) -> dict:
         return {"name": "tinyloop", "version": __version__, "commit": self.settings.commit,
-                "device": self.loaded.backend.name if self.loaded else None}
+                "device": self.loaded.backend.name if self.loaded else None,
+                "activations": self.loaded.backend.activations if self.loaded else None}
 
     @property
     def model_id(self) -> str:

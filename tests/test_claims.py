@@ -225,7 +225,7 @@ def test_each_setting_reaches_the_server(monkeypatch, tmp_path, model_path):
               "TINYLOOP_STATE_DIR": str(tmp_path / "st"), "TINYLOOP_MAX_WAITING": "3",
               "TINYLOOP_MAX_BODY_BYTES": "2048", "TINYLOOP_EXIT_ON_FAILURE": "1", "TINYLOOP_DRAIN_TIMEOUT": "5",
               "TINYLOOP_KV_CACHE": "int8", "TINYLOOP_KV_BUDGET_MB": "64", "TINYLOOP_COMMIT": "deadbeef",
-              "TINYLOOP_DEVICE": "cpu"}
+              "TINYLOOP_DEVICE": "cpu", "TINYLOOP_ACTIVATIONS": "fp16"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     s = Settings.from_env()
@@ -240,6 +240,7 @@ def test_each_setting_reaches_the_server(monkeypatch, tmp_path, model_path):
         body = post(app, "/api/v0/completions", {"model": "tl", "prompt": "Hi", "max_tokens": 2}, key="k-from-env")
         assert body.status == 200
         assert body.json()["runtime"]["commit"] == "deadbeef" and body.json()["runtime"]["device"] == "cpu"
+        assert body.json()["runtime"]["activations"] == "fp16"
         assert body.json()["model_info"]["kv_cache_mode"] == "int8"
         assert app.state.engine.pool.nbytes == 64 * 2**20
         big = run(call(app, "POST", "/generate", body=b'{"prompt": "' + b"x" * 2100 + b'"}', key="k-from-env"))

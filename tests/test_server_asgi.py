@@ -91,7 +91,8 @@ def test_api_v0_adds_stats_model_info_runtime(app):
     assert info == {**info, "arch": "weight-shared-looped-transformer", "dim": 64, "n_heads": 4,
                     "ffn_dim": 128, "vocab_size": 512, "default_loops": 4, "quant": "fp32",
                     "kv_cache_mode": "fp16"}
-    assert body["runtime"] == {"name": "tinyloop", "version": "0.1.0", "commit": "abc123", "device": "cpu"}
+    assert body["runtime"] == {"name": "tinyloop", "version": "0.1.0", "commit": "abc123", "device": "cpu",
+                               "activations": "fp32"}
 
 
 @pytest.mark.parametrize("mode, extra", [("speculative", {}), ("tree_speculative", {"K_branches": 3})])
