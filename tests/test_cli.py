@@ -70,7 +70,8 @@ def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch)
 
 
 SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
-                   "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT")
+                   "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT",
+                   "TINYLOOP_ACTIVATIONS")
 
 
 @pytest.fixture
@@ -80,7 +81,11 @@ def serve_settings(tmp_path, monkeypatch, granian_started):
     from asgi.settings import Settings
 
     for name in SERVE_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        # set, then delete: monkeypatch records the variable's state either way, so what
+        # `serve` writes into os.environ is undone after the test (a bare delenv of an unset
+        # variable records nothing, and the flags' values leaked into later tests)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("TINYLOOP_API_KEY", "k" * 32)
     path = tmp_path / "m.tinyloop"
     main(["new-model", str(path)])
@@ -109,9 +114,11 @@ def test_serve_flags_default_to_their_variables(serve_settings, tmp_path):
     assert (settings.max_waiting, settings.device, settings.kv_mode, settings.auth) == (2, "cpu", "int8", False)
     assert str(settings.state_dir) == str(tmp_path / "state") and settings.exit_on_failure
     settings = serve_settings("--max-waiting", "5", "--device", "auto", "--kv-cache", "int4",
-                              "--state-dir", str(tmp_path / "other"))
+                              "--state-dir", str(tmp_path / "other"), "--activations", "fp16")
     assert (settings.max_waiting, settings.device, settings.kv_mode) == (5, "auto", "int4")
     assert str(settings.state_dir) == str(tmp_path / "other")
+    from tinyloop.backends.select import select_backend
+    assert select_backend("cpu").activations == "fp16"            # what the server's backend will use
 
 
 def test_serve_drain_timeout_flag_variable_and_default(serve_settings, monkeypatch):
