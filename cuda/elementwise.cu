@@ -124,9 +124,9 @@ extern "C" __global__ void swiglu(const float* up, void* out, int out_half, int 
 }
 
 // out = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), over n floats; out is float
-// (and may alias x) or, with out_half, half. tanh(u) = sign(u) (1 - e) / (1 + e) with e = exp(-2|u|): e is in [0, 1], so
-// nothing overflows; for large |u| e underflows to 0 and tanh is exactly +-1; u = +-inf
-// gives +-1 (as np.tanh), NaN stays NaN.
+// (and may alias x) or, with out_half, half. tanh(u) = sign(u) (1 - e) / (1 + e) with
+// e = exp(-2|u|): e is in [0, 1], so nothing overflows; for large |u| e underflows to 0 and
+// tanh is exactly +-1; u = +-inf gives +-1 (as np.tanh), NaN stays NaN.
 extern "C" __global__ void gelu_tanh(const float* x, void* out, int out_half, int n) {
     const float sqrt_2_over_pi = 0.7978845608028654f;
     const float cubic = 0.044715f;

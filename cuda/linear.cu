@@ -205,164 +205,36 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
     }
 }
 
-// -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int2(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<2, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int2_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<2, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int4(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<4, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int4_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<4, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int8(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<8, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_int8_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<QuantKind<8, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_f16(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<F16Kind>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_rows_f32(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_rows<F32Kind>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int2_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<2, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<4, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int4_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<4, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<8, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_int8_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<QuantKind<8, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_f16(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<F16Kind>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256) linear_bulk_f32(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_bulk<F32Kind>(LINEAR_ARGS);
-}
+// -- entry points (each declared by name: the CPU harness finds kernels by their declarations) --
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int2(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<2, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int2_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<2, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int4(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<4, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int4_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<4, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int8(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<8, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_int8_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<8, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_f16(LINEAR_PARAMS(float)) { linear_rows<F16Kind>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_rows_f32(LINEAR_PARAMS(float)) { linear_rows<F32Kind>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int2(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int2_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<2, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int4(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<4, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int4_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<4, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int8(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<8, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_int8_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<8, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_f16(LINEAR_PARAMS(float)) { linear_bulk<F16Kind>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256)
+linear_bulk_f32(LINEAR_PARAMS(float)) { linear_bulk<F32Kind>(LINEAR_ARGS); }

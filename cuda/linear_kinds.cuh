@@ -55,12 +55,20 @@ struct QuantKind {
     }
 };
 
+// The two halves of a 32-bit word (the lower-index element in the low 16 bits), widened.
+__device__ __forceinline__ float low_half(unsigned int v) {
+    return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu)));
+}
+__device__ __forceinline__ float high_half(unsigned int v) {
+    return __half2float(__ushort_as_half((unsigned short)(v >> 16)));
+}
+
 struct F16Kind {
     static const int CPW = 2;
     __device__ __forceinline__ static void decode(unsigned int word, int, int, const LinearArgs&,
                                                   float* w) {
-        w[0] = __half2float(__ushort_as_half((unsigned short)(word & 0xffffu)));
-        w[1] = __half2float(__ushort_as_half((unsigned short)(word >> 16)));
+        w[0] = low_half(word);
+        w[1] = high_half(word);
     }
 };
 
@@ -99,7 +107,18 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
     a.y[(long long)t * a.y_stride + a.y_offset + o] = sum;
 }
 
-// The entry points' argument list as a LinearArgs (every linear kernel takes the same arguments).
+// Every linear kernel's parameters, S the stored type of scale and min (__half or float; the
+// dense kinds take float and ignore them). The CPU harness finds each kernel by the name in its
+// declaration and reads these parameters' types from the compiled function.
+#define LINEAR_PARAMS(S)                                                                              \
+    const void *x, int x_half, int x_stride, int n_rows, int rows_per_block,                          \
+    const unsigned int *weights, int words_per_row, int n_out,                                        \
+    const S *scale, const S *mins, int groups, int group_size,                                        \
+    const int *perm, int has_perm, int stored_in, int in_features,                                    \
+    const float *bias, int has_bias, const float *residual, int has_residual, int residual_stride,    \
+    float *y, int y_stride, int y_offset
+
+// The entry points' argument list as a LinearArgs.
 // The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
 // pre-norm block fused into the epilogue, one launch fewer; residual has the full output's
 // columns, row stride residual_stride floats, and may not overlap y). In that order, so the

@@ -37,9 +37,6 @@ __device__ __forceinline__ unsigned int pack_halves(__half low, __half high) {
     return (unsigned int)__half_as_ushort(low) | ((unsigned int)__half_as_ushort(high) << 16);
 }
 
-__device__ __forceinline__ float low_half(unsigned int v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
-__device__ __forceinline__ float high_half(unsigned int v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
-
 // d = A (16 x 16) B (16 x 8) + c for the warp, fragments as above. Every lane of the warp calls it.
 __device__ __forceinline__ void tl_mma_16816(float* d, const unsigned int* a, const unsigned int* b, const float* c) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(TL_NO_TENSOR_CORES)
@@ -161,83 +158,20 @@ __device__ __forceinline__ void linear_tc(const LinearArgs& a) {
     linear_tc_tiles<Kind>(a, xs, ws);
 }
 
-// -- entry points (written out: the CPU harness finds kernels by their declarations) ----------
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int2(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<2, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int2_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<2, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int4(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<4, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int4_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<4, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int8(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const __half* scale, const __half* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<8, __half>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_int8_f32s(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<QuantKind<8, float>>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_f16(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<F16Kind>(LINEAR_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) linear_tc_f32(
-    const void* x, int x_half, int x_stride, int n_rows, int rows_per_block,
-    const unsigned int* weights, int words_per_row, int n_out,
-    const float* scale, const float* mins, int groups, int group_size,
-    const int* perm, int has_perm, int stored_in, int in_features,
-    const float* bias, int has_bias, const float* residual, int has_residual, int residual_stride,
-    float* y, int y_stride, int y_offset) {
-    linear_tc<F32Kind>(LINEAR_ARGS);
-}
+// -- entry points (each declared by name: the CPU harness finds kernels by their declarations) --
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int2(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<2, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int2_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<2, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int4(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<4, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int4_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<4, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int8(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<8, __half>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_int8_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<8, float>>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_f16(LINEAR_PARAMS(float)) { linear_tc<F16Kind>(LINEAR_ARGS); }
+extern "C" __global__ void __launch_bounds__(256, 4)
+linear_tc_f32(LINEAR_PARAMS(float)) { linear_tc<F32Kind>(LINEAR_ARGS); }
