@@ -22,6 +22,30 @@ def tiny_path(model_dir):
 
 
 @pytest.fixture(scope="session")
+def model_path(model_dir):
+    """The looped tiny model without an end-of-sequence token, so a generation runs to
+    max_tokens: what the server tests serve (read only; a test that damages it copies it)."""
+    path = model_dir / "tiny-looped-no-eos.tinyloop"
+    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_files(model_dir):
+    """The two tiny presets, and each quantized to int4 and int8 (RTN, groups of 16), by name:
+    "tiny-looped", "tiny-looped int4", "tiny-looped-gpt int8", ..."""
+    from tinyloop.quantize.pipeline import quantize_file
+    paths = {}
+    for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
+        paths[preset] = model_dir / f"files-{preset}.tinyloop"
+        make_test_model(paths[preset], preset, seed=seed)
+        for bits in (4, 8):       # packed weights on the device: the quantized row and bulk kernels
+            paths[f"{preset} int{bits}"] = model_dir / f"files-{preset}-int{bits}.tinyloop"
+            quantize_file(paths[preset], paths[f"{preset} int{bits}"], bits, 16, "rtn", progress=False)
+    return paths
+
+
+@pytest.fixture(scope="session")
 def tiny(tiny_path):
     return load_model(tiny_path)
 

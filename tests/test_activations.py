@@ -15,20 +15,6 @@ from tinyloop.engine.generate import GenerationRequest, generate, speculative_ge
 from tinyloop.engine.speculative import SpeculativeParams
 from tinyloop.errors import TinyLoopError
 from tinyloop.model.loader import load_model
-from tinyloop.model.testmodels import make_test_model
-from tinyloop.quantize.pipeline import quantize_file
-
-
-@pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("activations")
-    paths = {}
-    for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
-        paths[preset] = folder / f"{preset}.tinyloop"
-        make_test_model(paths[preset], preset, seed=seed)
-    paths["tiny-looped int4"] = folder / "tiny-looped-int4.tinyloop"
-    quantize_file(paths["tiny-looped"], paths["tiny-looped int4"], 4, 16, "rtn", progress=False)
-    return paths
 
 
 def logits_of_a_short_run(model, prompt, steps=3):

@@ -35,12 +35,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 WAIT_S = 30
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("claims") / "tiny.tinyloop"
-    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())     # no eos: runs to max_tokens
-    return path
-
 
 def post(app, path, body, **kw):
     return run(call(app, "POST", path, body, **kw))

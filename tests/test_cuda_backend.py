@@ -23,8 +23,7 @@ from tinyloop.engine.generate import GenerationRequest, generate, speculative_ge
 from tinyloop.engine.speculative import SpeculativeParams
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
-from tinyloop.model.testmodels import make_test_model, random_weights, train_tokenizer
-from tinyloop.quantize.pipeline import quantize_file
+from tinyloop.model.testmodels import random_weights, train_tokenizer
 
 MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
 ON_GPU = os.environ.get("TINYLOOP_TEST_DEVICE") == "cuda"
@@ -81,19 +80,6 @@ def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp
     return CudaBackend(HarnessDevice(order), graphs, activations)
 
 
-@pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cuda_backend")
-    paths = {}
-    for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
-        paths[preset] = folder / f"{preset}.tinyloop"
-        make_test_model(paths[preset], preset, seed=seed)
-        for bits in (4, 8):       # packed weights on the device: the quantized row and bulk kernels
-            paths[f"{preset} int{bits}"] = folder / f"{preset}-int{bits}.tinyloop"
-            quantize_file(paths[preset], paths[f"{preset} int{bits}"], bits, 16, "rtn", progress=False)
-    return paths
-
-
 @pytest.mark.parametrize("preset,mode", [(p, m) for p in ("tiny-looped", "tiny-looped-gpt") for m in MODES]
                          + [(f"{p} int{b}", "fp16") for p in ("tiny-looped", "tiny-looped-gpt") for b in (4, 8)])
 def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
@@ -119,7 +105,6 @@ def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
     assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
 
 
-
 @pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
 def test_greedy_speculation_equals_plain_generation_on_cuda(tiny_files, preset):
     model = load_model(tiny_files[preset], cuda_backend()).model
@@ -134,7 +119,6 @@ def test_greedy_speculation_equals_plain_generation_on_cuda(tiny_files, preset):
             p = SpeculativeParams(params.draft_loops, verify, params.draft_ahead, branches)
             spec = speculative_generate(model, GenerationRequest(prompt, 12), p)
             assert np.array_equal(spec.tokens, plain.tokens), (preset, case, p)
-
 
 
 @pytest.mark.parametrize("case", range(5))

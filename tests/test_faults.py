@@ -32,13 +32,6 @@ from tinyloop.errors import TinyLoopError
 from tinyloop.model.testmodels import make_test_model
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("faults") / "tiny.tinyloop"
-    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())     # no eos: runs to max_tokens
-    return path
-
-
 def faulty_app(model_path, monkeypatch, fault: str):
     monkeypatch.setenv("TINYLOOP_TEST_HOOKS", "1")
     monkeypatch.setenv("TINYLOOP_TEST_FAULT", fault)

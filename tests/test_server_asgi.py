@@ -10,7 +10,6 @@ from asgi_client import call, run, until
 from asgi.app import TinyLoopApp
 from asgi.settings import Settings
 from tinyloop.engine.generate import GenerationRequest, generate
-from tinyloop.model.testmodels import make_test_model
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -33,12 +32,6 @@ def ready_app(model_path, **changes):
         time.sleep(0.01)
     raise AssertionError("model did not load")
 
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("server") / "tiny.tinyloop"
-    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())     # no eos: runs to max_tokens
-    return path
 
 
 @pytest.fixture(scope="module")

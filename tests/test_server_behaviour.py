@@ -15,16 +15,8 @@ import pytest
 from asgi_client import call, run
 from test_server_asgi import ready_app
 
-from tinyloop.model.testmodels import make_test_model
-
 WAIT_S = 30
 
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("behaviour") / "tiny.tinyloop"
-    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())     # no eos: runs to max_tokens
-    return path
 
 
 @pytest.fixture(scope="module")

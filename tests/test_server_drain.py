@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from asgi_client import call, run
+from asgi_client import call, run, until
 
 from asgi.app import TinyLoopApp
 from asgi.drain import drain_on_signals
@@ -35,13 +35,6 @@ def ready_app(model_path, drain_timeout_s):
         assert time.monotonic() < deadline, "the model did not load within 60 s"
         time.sleep(0.01)
     return app
-
-
-async def until(condition, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def test_a_drain_lets_admitted_generations_finish_and_refuses_new_ones(model_path):

@@ -18,7 +18,6 @@ from asgi_client import wait_until
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.engine.sampling import SamplingParams
 from tinyloop.model.loader import load_model
-from tinyloop.model.testmodels import make_test_model
 
 KEY = "e2e-test-key"
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +29,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("e2e") / "tiny.tinyloop"
-    make_test_model(path, "tiny-looped", seed=0, eos_token_ids=())
-    return path
 
 
 @pytest.fixture(scope="module")
