@@ -155,6 +155,19 @@ def test_numeric_settings_name_the_variable_and_the_rule(monkeypatch, name, valu
     assert str(error.value) == message
 
 
+def test_an_empty_flag_variable_means_unset(monkeypatch):
+    """An empty TINYLOOP_* yes/no variable takes the default, as an empty number does."""
+    from asgi.settings import Settings
+    from tinyloop.backends.cuda.graphs import graphs_enabled
+    for name in ("TINYLOOP_CUDA_GRAPHS", "TINYLOOP_AUTH", "TINYLOOP_EXIT_ON_FAILURE"):
+        monkeypatch.setenv(name, "")
+    assert graphs_enabled() is True
+    settings = Settings.from_env()
+    assert settings.auth is True and settings.exit_on_failure is False
+    monkeypatch.setenv("TINYLOOP_CUDA_GRAPHS", "0")
+    assert graphs_enabled() is False
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--port", "0"], "--port: expected a TCP port, 1-65535, got '0'"),
     (["--port", "65536"], "--port: expected a TCP port, 1-65535, got '65536'"),

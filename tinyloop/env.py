@@ -8,8 +8,10 @@ FALSE = ("0", "false", "no", "off", "")
 
 
 def env_flag(env, name: str, default: bool = False) -> bool:
+    """A yes/no variable: `default` when unset or empty (as env_number); 1/0 and their
+    spellings in TRUE/FALSE; anything else is a TinyLoopError naming the variable."""
     value = env.get(name)
-    if value is None:
+    if value is None or value == "":
         return default
     if value.lower() in TRUE:
         return True

@@ -32,8 +32,7 @@ from tinyloop.model.plan import build_plan
 def graphs_enabled() -> bool:
     """TINYLOOP_CUDA_GRAPHS: on unless 0/false/no/off; a typo is an error (asgi/settings.py
     checks it at start), empty means unset."""
-    value = os.environ.get("TINYLOOP_CUDA_GRAPHS")
-    return env_flag({"TINYLOOP_CUDA_GRAPHS": value} if value else {}, "TINYLOOP_CUDA_GRAPHS", True)
+    return env_flag(os.environ, "TINYLOOP_CUDA_GRAPHS", True)
 
 
 @dataclass
