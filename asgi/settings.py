@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tinyloop.env import env_flag, env_number
-from tinyloop.errors import TinyLoopError
 from tinyloop.kv.config import kv_budget_from_env, kv_mode_from_env
 
 
@@ -22,11 +21,9 @@ def _seconds(name: str, default: float) -> float:
 def _device() -> str | None:
     """TINYLOOP_DEVICE, its name checked at start: a typo is a startup error, not a server
     that comes up answering 503 to everything (whether CUDA is there is checked at load)."""
-    from tinyloop.backends.select import DEVICES
-    value = os.environ.get("TINYLOOP_DEVICE") or None
-    if value is not None and value.lower() not in DEVICES:
-        raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {value!r}")
-    return value
+    from tinyloop.backends.select import check_device
+    value = os.environ.get("TINYLOOP_DEVICE")
+    return check_device(value) if value else None
 
 
 def default_state_dir() -> Path:

@@ -217,7 +217,7 @@ def test_a_misspelt_device_variable_is_a_startup_error(monkeypatch):
     with pytest.raises(TinyLoopError, match="TINYLOOP_DEVICE must be one of auto, cpu, cuda, got 'gpu'"):
         Settings.from_env()
     monkeypatch.setenv("TINYLOOP_DEVICE", "CUDA")           # names are case-blind, as the backend reads them
-    assert Settings.from_env().device == "CUDA"
+    assert Settings.from_env().device == "cuda"                # and normalised
 
 
 @pytest.mark.parametrize("command, message", [

@@ -14,14 +14,20 @@ from tinyloop.errors import TinyLoopError
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def check_device(value: str) -> str:
+    """A device name, lowercased; a TinyLoopError naming TINYLOOP_DEVICE when it is none of DEVICES."""
+    device = value.lower()
+    if device not in DEVICES:
+        raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {value!r}")
+    return device
+
+
 def activations_from_env() -> str:
     return check_activations(os.environ.get("TINYLOOP_ACTIVATIONS") or "fp32")
 
 
 def select_backend(device: str | None = None, activations: str | None = None) -> Backend:
-    device = (device or os.environ.get("TINYLOOP_DEVICE") or "auto").lower()
-    if device not in DEVICES:
-        raise TinyLoopError(f"TINYLOOP_DEVICE must be one of {', '.join(DEVICES)}, got {device!r}")
+    device = check_device(device or os.environ.get("TINYLOOP_DEVICE") or "auto")
     activations = check_activations(activations) if activations else activations_from_env()
     half = ", fp16 activations" if activations == "fp16" else ""
     from tinyloop.backends.cpu import CpuBackend
