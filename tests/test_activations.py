@@ -136,7 +136,7 @@ def test_a_replayed_decode_step_equals_the_plain_forward_under_fp16(tiny_files):
     assert captured.backend.decode_runner(captured, caches[0], loops).replay is not None
 
 
-def test_the_setting_is_checked_and_reported(monkeypatch):
+def test_the_setting_is_checked_and_reported(monkeypatch, tiny_files):
     monkeypatch.setenv("TINYLOOP_ACTIVATIONS", "fp8")
     with pytest.raises(TinyLoopError, match="TINYLOOP_ACTIVATIONS must be one of fp32, fp16, got 'fp8'"):
         Settings.from_env()
@@ -148,6 +148,8 @@ def test_the_setting_is_checked_and_reported(monkeypatch):
     monkeypatch.delenv("TINYLOOP_ACTIVATIONS")
     assert select_backend("cpu").activations == "fp32"
     assert select_backend("cpu", "fp16").activations == "fp16"           # an argument beats the variable
+    with pytest.raises(TinyLoopError, match="asked of a backend made with 'fp32'"):
+        load_model(tiny_files["tiny-looped"], select_backend("cpu", "fp32"), activations="fp16")
 
 
 def test_generate_takes_the_flag(tmp_path, capsys):

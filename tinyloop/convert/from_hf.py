@@ -16,11 +16,7 @@ import numpy as np
 
 from tinyloop.convert.hf_chat import chat_template_from_hf
 from tinyloop.convert.hf_layouts import layout
-from tinyloop.convert.safetensors_dir import (
-    FLOAT_DTYPES,
-    CheckpointError,
-    SafetensorsDir,
-)
+from tinyloop.convert.safetensors_dir import FLOAT_DTYPES, CheckpointError, SafetensorsDir
 from tinyloop.model.config import ModelConfig
 from tinyloop.model.modelfile import TensorSpec, file_metadata, write_streaming
 from tinyloop.model.weights import expected_tensors
@@ -45,13 +41,20 @@ def _json(path: Path, required: bool = True) -> dict:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
 
 
-def special_token_ids(tokenizer_json: str, tokenizer_config: dict) -> dict:
-    """{"bos": id, "eos": id} of the tokens tokenizer_config.json names (a string or
-    {"content": ...}), looked up in tokenizer.json; absent when not named or not found."""
+def _tokenizer(tokenizer_json: str) -> dict:
     try:
         data = json.loads(tokenizer_json)
     except ValueError as exc:
         raise CheckpointError(f"tokenizer.json: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError("tokenizer.json: not a JSON object")
+    return data
+
+
+def special_token_ids(data: dict, tokenizer_config: dict) -> dict:
+    """{"bos": id, "eos": id} of the tokens tokenizer_config.json names (a string or
+    {"content": ...}), looked up in tokenizer.json (`data`, parsed); absent when not named or
+    not found."""
     ids = {t.get("content"): t.get("id") for t in data.get("added_tokens") or []}
     vocab = (data.get("model") or {}).get("vocab")
     found = {}
@@ -67,7 +70,7 @@ def _token_name(token):
     return token.get("content") if isinstance(token, dict) else token
 
 
-def adds_bos(tokenizer_json: str, tokenizer_config: dict) -> bool:
+def adds_bos(data: dict, tokenizer_config: dict) -> bool:
     """Whether the checkpoint's tokenizer puts its bos token before a text: tokenizer_config.json's
     `add_bos_token` where it says, else whether tokenizer.json's post-processor starts every
     single text with that token (Llama 3's tokenizers add <|begin_of_text|> that way and carry
@@ -75,7 +78,7 @@ def adds_bos(tokenizer_json: str, tokenizer_config: dict) -> bool:
     if tokenizer_config.get("add_bos_token") is not None:
         return bool(tokenizer_config["add_bos_token"])
     bos = _token_name(tokenizer_config.get("bos_token"))
-    processor = json.loads(tokenizer_json).get("post_processor") or {}
+    processor = data.get("post_processor") or {}
     processors = (processor.get("processors") or []) if processor.get("type") == "Sequence" else [processor]
     for step in processors:
         if isinstance(step, dict) and step.get("type") == "TemplateProcessing":
@@ -95,8 +98,9 @@ def convert_hf(source, output, progress: bool = True) -> ModelConfig:
     name = str(hf.get("_name_or_path") or directory.name)
     weights = SafetensorsDir(directory)
     tokenizer_json = tokenizer_path.read_text(encoding="utf-8")
-    config, pieces = layout(hf, generation, adds_bos(tokenizer_json, tokenizer_config), name,
-                            weights.tensors, special_token_ids(tokenizer_json, tokenizer_config))
+    tokenizer = _tokenizer(tokenizer_json)                      # parsed once, for both questions
+    config, pieces = layout(hf, generation, adds_bos(tokenizer, tokenizer_config), name,
+                            weights.tensors, special_token_ids(tokenizer, tokenizer_config))
 
     shapes = expected_tensors(config)
     produced = {piece.target for piece in pieces}

@@ -41,6 +41,8 @@ def load_model(path, device=None, kv_mode: str | None = None, activations: str |
     (tests run the CUDA backend on the CPU harness so). kv_mode None: from TINYLOOP_KV_*
     (default fp16). activations: "fp32" / "fp16" (None: $TINYLOOP_ACTIVATIONS, default fp32)."""
     start = time.perf_counter()
+    if isinstance(device, Backend) and activations is not None and activations != device.activations:
+        raise TinyLoopError(f"activations {activations!r} asked of a backend made with {device.activations!r}")
     backend = device if isinstance(device, Backend) else select_backend(device, activations)
     mode = kv_mode or kv_mode_from_env()
     if mode not in KV_MODES:
