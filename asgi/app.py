@@ -11,13 +11,16 @@ import functools
 import logging
 import time
 
-from .auth import authorized
+from .anthropic_errors import anthropic_error_body, anthropic_status, is_anthropic_path
+from .auth import authorized, authorized_anthropic
 from .drain import drain_on_signals
 from .errors import ApiError, unavailable
 from .http import ClientGone, guarded_send, parse_json_body, read_body, send_json
+from .messages_api import count_tokens, messages
 from .native_routes import native_generate
 from .openai_routes import chat_completions, completions, list_models
 from .ops_routes import health, metrics, openapi
+from .responses_api import responses
 from .settings import Settings
 from .state import FAILED, LOADING, ServerState
 
@@ -28,6 +31,9 @@ ROUTES = {
     "/v1/models": ("GET", list_models, True),
     "/v1/chat/completions": ("POST", chat_completions, True),
     "/v1/completions": ("POST", completions, True),
+    "/v1/responses": ("POST", responses, True),
+    "/v1/messages": ("POST", messages, True),
+    "/v1/messages/count_tokens": ("POST", count_tokens, True),
     "/api/v0/models": ("GET", functools.partial(list_models, extended=True), True),
     "/api/v0/chat/completions": ("POST", functools.partial(chat_completions, extended=True), True),
     "/api/v0/completions": ("POST", functools.partial(completions, extended=True), True),
@@ -47,6 +53,7 @@ class Request:
         self.started = time.perf_counter()
         self.stream = None                     # the EventStream once a stream has started
         self.generation = None                 # the Generation once one was submitted
+        self.anthropic = False                 # an Anthropic route: its error shape, x-api-key accepted
         self._limit = app.state.settings.max_body_bytes
 
     async def json(self) -> dict:
@@ -92,14 +99,18 @@ class TinyLoopApp:
         request = Request(self, scope, receive, send)
         path = scope["path"].rstrip("/") or "/"
         route_label = path if path in ROUTES else "unknown"
+        request.anthropic = is_anthropic_path(path)    # errors in Anthropic's shape; x-api-key accepted
         status = 200
         try:
-            if self.state.key is not None and not authorized(scope.get("headers", []), self.state.key):
-                raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            if self.state.key is not None and not self._authorized(request):
+                how = "'x-api-key: <key>' or " if request.anthropic else ""
+                raise ApiError(401, f"missing or wrong API key: send {how}'Authorization: Bearer <key>'",
                                "authentication_error", None, "invalid_api_key",
                                headers=[(b"www-authenticate", b"Bearer")])
             if path not in ROUTES:
-                raise ApiError(404, f"no route {scope['method']} {scope['path']}", "invalid_request_error",
+                # GET/DELETE /v1/responses/{id} would read a stored response: say why there is none
+                stored = "; this server keeps no responses (see store)" if path.startswith("/v1/responses/") else ""
+                raise ApiError(404, f"no route {scope['method']} {scope['path']}{stored}", "invalid_request_error",
                                None, "not_found")
             method, handler, needs_model = ROUTES[path]
             if scope["method"] != method:
@@ -109,7 +120,7 @@ class TinyLoopApp:
                 self._require_model()
             await handler(request)
         except ApiError as exc:
-            status = exc.status
+            status = anthropic_status(exc) if request.anthropic else exc.status
             await self._send_error(request, exc)
         except ClientGone:
             status = 499                     # the client left; nothing to send
@@ -123,6 +134,10 @@ class TinyLoopApp:
                 request.generation.settle()    # whatever happened, its admission slot is given back
             self.state.metrics.on_request(route_label, status)
 
+    def _authorized(self, request: Request) -> bool:
+        headers = request.scope.get("headers", [])
+        return (authorized_anthropic if request.anthropic else authorized)(headers, self.state.key)
+
     def _require_model(self) -> None:
         state = self.state
         if state.status == LOADING:
@@ -133,15 +148,16 @@ class TinyLoopApp:
 
     async def _send_error(self, request: Request, error: ApiError) -> None:
         if request.stream is not None and request.stream.started:
-            # Headers are gone; report inside the stream, then end it.
+            # Headers are gone; report inside the stream (each API its own way), then end it.
             try:
-                await request.stream.event(error.body())
-                await request.stream.done()
+                await request.stream.fail(error)
             except ClientGone:               # the client is gone already
                 pass
             return
+        status, body = (anthropic_status(error), anthropic_error_body(error)) if request.anthropic else \
+            (error.status, error.body())
         try:
-            await send_json(request.send, error.status, error.body(), error.headers)
+            await send_json(request.send, status, body, error.headers)
         except ClientGone:                   # nobody is left to tell
             pass
 

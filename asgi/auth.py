@@ -77,3 +77,23 @@ def authorized(headers: list, key: str) -> bool:
             scheme, _, token = value.decode("latin-1").partition(" ")
             return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
     return False
+
+
+def x_api_key(headers: list) -> bytes | None:
+    """The `x-api-key` header's value (how the Anthropic SDK sends its key), or None."""
+    for name, value in headers:
+        if name == b"x-api-key":
+            return value
+    return None
+
+
+def authorized_anthropic(headers: list, key: str) -> bool:
+    """The Messages routes take the key as `x-api-key` or as a bearer token. Every key the
+    request presents must be right: a wrong x-api-key beside a right bearer token is
+    refused, so a client never learns that one of its keys is wrong by being let in."""
+    sent = x_api_key(headers)
+    has_bearer = any(name == b"authorization" for name, _ in headers)
+    if sent is None:
+        return authorized(headers, key)
+    right = hmac.compare_digest(sent.decode("latin-1").strip().encode(), key.encode())
+    return right and (not has_bearer or authorized(headers, key))

@@ -115,3 +115,8 @@ class EventStream:
 
     async def done(self) -> None:
         await self.send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def fail(self, error: ApiError) -> None:
+        """An error after the headers went out: reported as an event, then the stream ends."""
+        await self.event(error.body())
+        await self.done()

@@ -14,6 +14,16 @@ from .fields import (
     NATIVE_SPECULATIVE,
     NATIVE_TREE,
 )
+from .messages_fields import MESSAGES, PROMPT
+from .openapi_agent_apis import (
+    ANTHROPIC_ERROR,
+    ANTHROPIC_STATUSES,
+    KINDS,
+    MESSAGE_REPLY,
+    RESPONSE_REPLY,
+    TOKEN_COUNT_REPLY,
+)
+from .responses_fields import RESPONSES
 from .schema import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
 # Shapes that overlap (an empty array is both a string array and an id array) use anyOf:
@@ -38,6 +48,7 @@ KIND_SCHEMAS = {
     "loops": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 64}, {"type": "string", "enum": ["auto"]}]},
 }
 KIND_SCHEMAS.update(OPENAPI_KINDS)
+KIND_SCHEMAS.update(KINDS)
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
     "properties": {"message": {"type": "string", "minLength": 1}, "type": {"type": "string"},
@@ -77,12 +88,25 @@ def _nullable(prop: dict) -> dict:
     return out
 
 
-def _post(summary: str, fields: dict, reply: dict) -> dict:
-    ok = {"description": "JSON, or server-sent events when stream is true",
-          "content": {"application/json": {"schema": reply}, "text/event-stream": {"schema": SSE_EVENT}}}
+def _post(summary: str, fields: dict, reply: dict, errors: dict | None = None, streams: bool = True) -> dict:
+    content = {"application/json": {"schema": reply}}
+    if streams:
+        content["text/event-stream"] = {"schema": SSE_EVENT}
+    ok = {"description": "JSON, or server-sent events when stream is true" if streams else "JSON",
+          "content": content}
     return {"post": {"summary": summary,
                      "requestBody": {"required": True, "content": {"application/json": {"schema": _schema(fields)}}},
-                     "responses": {"200": ok, **_errors()}}}
+                     "responses": {"200": ok, **(errors or _errors())}}}
+
+
+def _anthropic_post(summary: str, fields: dict, reply: dict, streams: bool = True) -> dict:
+    """A Messages route: errors in Anthropic's shape, never 422 (a shape error is a 400); the
+    key as x-api-key or a bearer token."""
+    error = {"content": {"application/json": {"schema": ANTHROPIC_ERROR}}}
+    operation = _post(summary, fields, reply, {str(code): {"description": text, **error}
+                                               for code, text in ANTHROPIC_STATUSES}, streams)
+    operation["post"]["security"] = [{"x_api_key": []}, {"bearer": []}]
+    return operation
 
 
 def _get(summary: str, reply: dict, content_type: str = "application/json", failing: tuple = ()) -> dict:
@@ -136,12 +160,18 @@ def openapi_document() -> dict:
         "openapi": "3.1.0",
         "info": {"title": "TinyLoop", "version": __version__,
                  "description": "Inference server for weight-shared looped transformers."},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "x_api_key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
         "security": [{"bearer": []}],
         "paths": {
             "/v1/models": _get("List the served model", MODELS_REPLY),
             "/v1/chat/completions": _post("Chat completion (OpenAI)", CHAT, CHAT_REPLY),
             "/v1/completions": _post("Text completion (OpenAI)", COMPLETION, COMPLETION_REPLY),
+            "/v1/responses": _post("Model response (OpenAI Responses API; store and previous_response_id "
+                                   "refused)", RESPONSES, RESPONSE_REPLY),
+            "/v1/messages": _anthropic_post("Message (Anthropic Messages API)", MESSAGES, MESSAGE_REPLY),
+            "/v1/messages/count_tokens": _anthropic_post("Prompt tokens of a Messages request, as usage.input_tokens "
+                                                         "counts them", PROMPT, TOKEN_COUNT_REPLY, streams=False),
             "/api/v0/models": _get("List the served model, with LM Studio-style details", MODELS_REPLY),
             "/api/v0/chat/completions": _post("Chat completion with TinyLoop knobs and stats", extended_chat,
                                               CHAT_REPLY),

@@ -6,7 +6,8 @@ same attacks from tests/protocol_abuse.py with fewer slow connections).
 Each round: slowloris connections (half headers, half bodies) while a normal request is
 answered, bodies that stop mid-JSON, a chunked body over the size limit, invalid UTF-8 in
 paths and headers, `--connections` connections opened at once and dropped, pipelining, a
-half-closed client. Then the server must be healthy, no admission slot leaked, and the
+half-closed client, and the Responses and Messages routes (mid-JSON bodies, reset streams,
+pipelining). Then the server must be healthy, no admission slot leaked, and the
 greedy answer unchanged. Exit status 0 when so.
 """
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main(argv=None) -> int:
                         "invalid_utf8": abuse.invalid_utf8(server),
                         "open_and_drop": abuse.open_and_drop(server, args.connections),
                         "pipelining": abuse.pipelining(server)[:3],
-                        "half_close": abuse.half_close(server)}
+                        "half_close": abuse.half_close(server),
+                        "agent_routes": abuse.agent_routes(server)}
                 print(f"round {round_index + 1}: {seen}")
                 problems += abuse.after_abuse(server, reference)
             status = server.stop()

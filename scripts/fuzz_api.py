@@ -12,13 +12,16 @@ reached. Every response is checked:
 - no 5xx, ever;
 - every 4xx is the OpenAI error shape {"error": {message, type, param, code}} with a
   non-empty message, and a 400/422 names the offending field in `param` unless the body
-  as a whole was wrong (invalid_json, unsupported_media_type, body_too_large);
+  as a whole was wrong (invalid_json, unsupported_media_type, body_too_large); on the
+  Anthropic Messages routes it is Anthropic's {"type": "error", "error": {type, message}}
+  instead (no `param` there: the message names the field);
 - schemathesis's conformance checks: the status code and content type are ones the
   document declares, JSON bodies match the declared response schemas, and a request
   that violates the schema is rejected with a 4xx. (A schema-valid request may still
   get a 400 the document cannot express, e.g. verify_loops above the model's max_loops
   or a prompt longer than the context: those must then name their field, as above);
-- a 200 stream is well-formed server-sent events ending in [DONE];
+- a 200 stream is well-formed server-sent events ending in [DONE] (on /v1/responses and
+  /v1/messages: typed `event:`/`data:` pairs ending with the API's final event);
 
 and afterwards the server must be healthy, its admission counters back to zero
 (admitted = settled, nothing running or waiting) and a greedy generation must still
@@ -48,6 +51,12 @@ from asgi.openapi import openapi_document  # noqa: E402
 
 # A 400/422 whose code says the body as a whole was wrong need not name a field.
 WHOLE_BODY_CODES = {"invalid_json", "unsupported_media_type", "body_too_large", "invalid_type"}
+ANTHROPIC_ROUTES = {"/v1/messages", "/v1/messages/count_tokens"}
+ANTHROPIC_ERROR_TYPES = {"invalid_request_error", "authentication_error", "not_found_error", "request_too_large",
+                         "rate_limit_error", "api_error", "overloaded_error"}
+# Typed event streams (no [DONE]) and the events that may end them.
+TYPED_STREAM_ENDS = {"/v1/responses": {"response.completed", "response.incomplete", "response.failed"},
+                     "/v1/messages": {"message_stop", "error"}}
 GREEDY_PROBE = {"prompt": "The looped transformer", "max_tokens": 24, "temperature": 0}
 
 
@@ -87,6 +96,9 @@ def check_error_shape(response, report: Report, route: str, curl: str) -> None:
     except ValueError:
         report.fail("4xx body is not JSON", route, response.text[:120], curl)
         return
+    if route.split(" ", 1)[1] in ANTHROPIC_ROUTES:
+        check_anthropic_error_shape(body, report, route, curl)
+        return
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict) or set(error) != {"message", "type", "param", "code"}:
         report.fail("4xx not in the OpenAI error shape", route, str(body)[:120], curl)
@@ -97,12 +109,46 @@ def check_error_shape(response, report: Report, route: str, curl: str) -> None:
         report.fail("400/422 does not name the field (param is null)", route, error["message"], curl)
 
 
+def check_anthropic_error_shape(body, report: Report, route: str, curl: str) -> None:
+    error = body.get("error") if isinstance(body, dict) else None
+    if body.get("type") != "error" or not isinstance(error, dict) or set(error) != {"type", "message"} \
+            or error["type"] not in ANTHROPIC_ERROR_TYPES:
+        report.fail("4xx not in the Anthropic error shape", route, str(body)[:120], curl)
+    elif not isinstance(error["message"], str) or not error["message"].strip():
+        report.fail("4xx without a message", route, str(body)[:120], curl)
+
+
+def check_typed_stream(text: str, ends: set, report: Report, route: str, curl: str) -> None:
+    """`event: <type>` / `data: <json>` pairs, the type repeated in the payload, ending with one of `ends`."""
+    name = None
+    for block in [b for b in text.split("\n\n") if b]:
+        lines = block.split("\n")
+        if len(lines) != 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
+            report.fail("typed stream block is not an event and a data line", route, block[:120], curl)
+            return
+        name = lines[0][len("event: "):]
+        try:
+            payload = orjson.loads(lines[1][len("data: "):])
+        except orjson.JSONDecodeError:
+            report.fail("stream event is not JSON", route, block[:120], curl)
+            return
+        if not isinstance(payload, dict) or payload.get("type") != name:
+            report.fail("typed stream event's type differs from its event line", route, block[:120], curl)
+            return
+    if name not in ends:
+        report.fail("typed stream does not end with its final event", route, text[-120:], curl)
+
+
 def check_stream(response, report: Report, route: str, curl: str) -> None:
     text = response.text
     if response.stream_cut_short:
         # schemathesis reads only the first events of a stream: send the same bytes again, read it all.
         sent = response.request
         text = httpx.request(sent.method, sent.url, headers=dict(sent.headers), content=sent.body, timeout=60).text
+    path = route.split(" ", 1)[1]
+    if path in TYPED_STREAM_ENDS:
+        check_typed_stream(text, TYPED_STREAM_ENDS[path], report, route, curl)
+        return
     blocks = [b for b in text.split("\n\n") if b]
     if not blocks or blocks[-1] != "data: [DONE]":
         report.fail("stream does not end with [DONE]", route, text[-120:], curl)

@@ -30,7 +30,8 @@ class Response:
 
 async def call(app, method: str, path: str, json=None, body: bytes | None = None, key: str | None = "test-key",
                content_type: bytes = b"application/json", chunks: int = 1, disconnect_after_sends: int | None = None,
-               disconnect_now=None) -> Response:
+               disconnect_now=None, headers: list | None = None) -> Response:
+    """headers: extra (name, value) byte pairs, after content-type and the bearer key."""
     if body is None:
         body = orjson.dumps(json) if json is not None else b""
     parts = [body[i * len(body) // chunks:(i + 1) * len(body) // chunks] for i in range(chunks)]
@@ -49,10 +50,11 @@ async def call(app, method: str, path: str, json=None, body: bytes | None = None
         if disconnect_after_sends is not None and len(sent) >= disconnect_after_sends:
             gone.set()
 
-    headers = [(b"content-type", content_type)]
+    sent_headers = [(b"content-type", content_type)]
     if key is not None:
-        headers.append((b"authorization", b"Bearer " + key.encode()))
-    scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b""}
+        sent_headers.append((b"authorization", b"Bearer " + key.encode()))
+    sent_headers += headers or []
+    scope = {"type": "http", "method": method, "path": path, "headers": sent_headers, "query_string": b""}
     await app(scope, receive, send)
     if not sent:
         return Response(0, {}, b"")

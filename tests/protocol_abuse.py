@@ -178,6 +178,42 @@ def half_close(server) -> dict:
     return {"answered": bool(responses), "status": responses[0][0] if responses else None}
 
 
+def agent_routes(server) -> dict:
+    """The Responses and Messages routes under the same abuse: a body that stops mid-JSON
+    (a 400 in each route's own error shape), a stream the client resets after its first
+    events (cancelled, its slot given back: after_abuse checks), and count_tokens then a
+    message pipelined in one write (answered in order)."""
+    seen = {}
+    for path, body in ((b"/v1/responses", b'{"input": "Hello", "max_output'),
+                       (b"/v1/messages", b'{"model": "m", "max_tokens": 4, "messa')):
+        sock = connect(server)
+        sock.sendall(head(server, "POST", path, length=len(body)) + body)
+        ((status, _, answer),) = read_responses(sock)
+        sock.close()
+        error = orjson.loads(answer)
+        seen[path.decode()] = (status, error.get("type") or error["error"]["code"], error["error"]["type"])
+    streams = {b"/v1/responses": {"input": "Hello", "stream": True, "max_output_tokens": 200},
+               b"/v1/messages": {"model": "m", "max_tokens": 200, "stream": True,
+                                 "messages": [{"role": "user", "content": "Hello"}]}}
+    for path, request in streams.items():
+        body = orjson.dumps(request)
+        sock = connect(server)
+        sock.sendall(head(server, "POST", path, length=len(body)) + body)
+        seen[path.decode() + " stream start"] = sock.recv(65536).split(b"\r\n", 1)[0].decode()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+        sock.close()
+    count = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hello"}]})
+    message = orjson.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "Hello"}]})
+    sock = connect(server)
+    sock.sendall(head(server, "POST", b"/v1/messages/count_tokens", length=len(count)) + count
+                 + head(server, "POST", b"/v1/messages", length=len(message)) + message)
+    first, second = read_responses(sock, 2, timeout=60)
+    sock.close()
+    seen["pipelined"] = (first[0], orjson.loads(first[2])["input_tokens"] == orjson.loads(second[2])["usage"][
+        "input_tokens"], orjson.loads(second[2])["type"])
+    return seen
+
+
 # ------------------------------------------------------------------------------ afterwards
 def metrics(server) -> dict:
     return server.metrics(timeout=10)

@@ -95,3 +95,17 @@ def test_streams_are_declared_as_events_and_errors_require_every_field():
     jsonschema.validate({"error": {"message": "m", "type": "t", "param": None, "code": None}}, error)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"error": {"message": "m"}}, error)
+
+
+def test_the_fuzzers_typed_stream_check_takes_whole_streams_and_refuses_cut_ones(app):
+    """scripts/fuzz_api.py checks /v1/responses and /v1/messages streams (typed events, no
+    [DONE]) by their final event; few generated bodies stream, so the check is tested here."""
+    for path, body in (("/v1/messages", {"model": "m", "max_tokens": 3, "stream": True,
+                                         "messages": [{"role": "user", "content": "x"}]}),
+                       ("/v1/responses", {"input": "x", "max_output_tokens": 3, "stream": True})):
+        text = run(call(app, "POST", path, body)).body.decode()
+        ends = fuzz_api.TYPED_STREAM_ENDS[path]
+        whole, cut = fuzz_api.Report(), fuzz_api.Report()
+        fuzz_api.check_typed_stream(text, ends, whole, path, "curl")
+        fuzz_api.check_typed_stream(text[:text.rindex("event: ")], ends, cut, path, "curl")
+        assert whole.failures == {} and len(cut.failures) == 1, (path, whole.failures)

@@ -49,6 +49,15 @@ def test_invalid_utf8_in_paths_and_headers_is_a_4xx(server, healthy_after):
         assert statuses[name] is None or 400 <= statuses[name] < 500, statuses   # 404, or refused by Granian
 
 
+def test_the_responses_and_messages_routes_under_abuse(server, healthy_after):
+    assert abuse.agent_routes(server) == {
+        "/v1/responses": (400, "invalid_json", "invalid_request_error"),
+        "/v1/messages": (400, "error", "invalid_request_error"),        # Anthropic's shape: {"type": "error", ...}
+        "/v1/responses stream start": "HTTP/1.1 200 OK",
+        "/v1/messages stream start": "HTTP/1.1 200 OK",
+        "pipelined": (200, True, "message")}
+
+
 def test_many_connections_opened_and_dropped(server, healthy_after):
     abuse.open_and_drop(server, connections=1000)
 

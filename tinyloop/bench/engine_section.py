@@ -30,7 +30,8 @@ def _start_llama(args, info: dict, settings) -> tuple:
     reason = llama_available(args.llama_python)
     if reason:
         return None, skipped(reason)
-    n_ctx = max(settings.prompt_lengths + [settings.context + settings.decode_tokens]) + 64
+    n_ctx = max(settings.prompt_lengths + [max(settings.context, settings.long_context or 0)
+                                           + settings.decode_tokens]) + 64
     worker = None
     try:
         worker = Worker(LLAMA, "llama", python=args.llama_python)
@@ -44,6 +45,24 @@ def _start_llama(args, info: dict, settings) -> tuple:
         return None, skipped(f"the GGUF's vocabulary ({loaded['vocab_size']}) is not the model's "
                              f"({info['vocab_size']}): not the same model")
     return worker, {"status": "measured", "gguf": str(args.gguf), **loaded}
+
+
+VERIFY_ROWS = 16
+
+
+def _verify_and_memory(workers: dict, prompts: dict, settings) -> dict:
+    """Per engine: one decode step against one 16-row forward (a verify pass's cost, or a batch
+    of 16 users' rows), at the decode context; and the worker's resident memory after all runs."""
+    context = prompts["single"][:settings.context]
+    out = {}
+    for name, worker in workers.items():
+        try:
+            out[name] = {"verify": worker.ask(op="verify_cost", prompt=context, rows=VERIFY_ROWS,
+                                              repeats=max(3, settings.rounds)),
+                         "memory": worker.ask(op="memory")}
+        except WorkerError as exc:
+            out[name] = {"error": str(exc)}
+    return out
 
 
 def _diagnostics(workers: dict, settings, info: dict, prompts: dict) -> dict:
@@ -85,7 +104,7 @@ def engine_section(args, model_path: str, progress: bool = True) -> dict:
         llama, engines[LLAMA] = _start_llama(args, info, settings)
         if llama:
             workers[LLAMA] = llama
-        longest = max(settings.prompt_lengths + [settings.context])
+        longest = max(settings.prompt_lengths + [settings.context, settings.long_context or 0])
         prompts = {"single": workers[MAIN].ask(op="prompt_ids", count=longest)["prompts"][0],
                    "several": workers[MAIN].ask(op="prompt_ids", count=settings.context,
                                                 prompts=settings.speculative_prompts)["prompts"]}
@@ -99,6 +118,7 @@ def engine_section(args, model_path: str, progress: bool = True) -> dict:
             speculative = skipped("--no-speculative" if args.no_speculative else "no speculative settings")
         sections = {"engine": {"status": "measured"}, "speculative": speculative}
         diagnostics = _diagnostics(workers, settings, info, prompts) if settings.diagnostics else {}
+        diagnostics["verify_and_memory"] = _verify_and_memory(workers, prompts, settings)
     finally:
         for worker in workers.values():
             worker.close()

@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill prompt lengths (default 32 128 512, quick 32 128)")
     parser.add_argument("--context", type=positive_int, default=None, metavar="N",
                         help="prompt tokens before generation (default 128, quick 64)")
+    parser.add_argument("--long-context", type=positive_int, default=None, metavar="N",
+                        help="also decode after an N-token prompt (e.g. 4096: long-context decode beside llama.cpp)")
     parser.add_argument("--decode-tokens", type=positive_int, default=None, metavar="N",
                         help="tokens per generation (default 64, quick 16)")
     parser.add_argument("--loops", type=int, nargs="+", default=None, metavar="N",

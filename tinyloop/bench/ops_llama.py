@@ -53,3 +53,29 @@ class LlamaOps:
             return count - 1, time.perf_counter() - first
         steps, seconds = repeat_for(min_seconds, once)
         return {"decode_tok_s": steps / seconds, "ttft_ms": 1000 * sum(firsts) / len(firsts)}
+
+    def verify_cost(self, prompt: list, rows: int, repeats: int) -> dict:
+        """Seconds of one decode step and of one batch of `rows` tokens after `prompt`, each the
+        best of `repeats`. llama.cpp evaluates the batch in one pass but, as loaded here,
+        computes the head's logits for its last row only (a verify needs every row's)."""
+        import numpy as np
+        llama = self.llama
+        tokens = [int(t) for t in (np.arange(rows) * 7 + 11) % llama.n_vocab()]
+        llama.reset()
+        llama.eval(prompt)
+
+        def best(n):
+            fastest = float("inf")
+            for _ in range(repeats):
+                llama.n_tokens = len(prompt)             # eval drops the cache past n_tokens: the same rows again
+                start = time.perf_counter()
+                llama.eval(tokens[:n])
+                fastest = min(fastest, time.perf_counter() - start)
+            return fastest
+        best(rows)
+        one, many = best(1), best(rows)
+        return {"decode_s": one, "verify_s": many, "rows": rows, "ratio": many / one}
+
+    def memory(self) -> dict:
+        from tinyloop.bench.ops_tinyloop import _memory
+        return _memory()

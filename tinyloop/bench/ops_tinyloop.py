@@ -147,6 +147,28 @@ class TinyLoopOps:
         costs["verify"] = {str(n): _best(verify_pass(n), repeats) for n in sizes}
         return costs
 
+    def verify_cost(self, prompt: list, rows: int, repeats: int) -> dict:
+        """Seconds of one decode step and of one exact forward over `rows` new tokens (a
+        verify pass's shape) after `prompt`, each the best of `repeats`; the cache is rolled
+        back between runs by rewriting the same rows."""
+        import numpy as np
+        model = self.loaded.model
+        loops = model.config.default_loops
+        cache = model.new_cache(len(prompt) + rows + 1, loops, alloc=self.pool.allocator())
+        model.forward(prompt, np.arange(len(prompt)), cache, loops, exact=False, last_only=True)
+        start = len(prompt)
+        tokens = (np.arange(rows) * 7 + 11) % model.config.vocab_size
+
+        def step(n):
+            return lambda: model.backend.to_host(model.forward(tokens[:n], np.arange(start, start + n), cache, loops))
+        step(rows)()                                     # warm: the kernels and the cache's pages
+        one, many = _best(step(1), repeats), _best(step(rows), repeats)
+        return {"decode_s": one, "verify_s": many, "rows": rows, "ratio": many / one}
+
+    def memory(self) -> dict:
+        """This worker's resident memory now and at its peak, in MB (the model loaded and run)."""
+        return _memory()
+
     def matmul_share(self, prompt: list, steps: int, loops: int) -> dict:
         """Decode steps and passes of one row through every linear weight a step uses (the
         core's once per loop, and the head) alternating one by one: the matrix products'
@@ -170,6 +192,18 @@ class TinyLoopOps:
             backend.to_host(out)
             decode, products = decode + middle - start, products + time.perf_counter() - middle
         return {"value": products / decode}
+
+
+def _memory() -> dict:
+    import resource
+    current = None
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                current = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return {"rss_mb": current, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _in_features(handle) -> int:

@@ -23,6 +23,7 @@ class Settings:
     speculative_prompts: int
     kv_modes: list = field(default_factory=list)   # extra KV cache modes, besides the model's
     diagnostics: bool = False   # the speculative cost model and the decode / matrix products share
+    long_context: int | None = None     # a second decode figure after this many prompt tokens
 
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -73,7 +74,8 @@ def make_settings(args, info: dict) -> Settings:
     lengths = args.prompt_lengths or [n for n in ([32, 128] if quick else [32, 128, 512]) if n <= room]
     decode_tokens = args.decode_tokens or (16 if quick else 64)
     context = args.context or (64 if quick else 128)
-    if max(lengths) > room or context + decode_tokens > info["max_seq_len"]:
+    long_context = getattr(args, "long_context", None)
+    if max(lengths) > room or max(context, long_context or 0) + decode_tokens > info["max_seq_len"]:
         raise TinyLoopError(f"prompt lengths and --context + --decode-tokens must fit the model's context of "
                             f"{info['max_seq_len']} tokens")
     if args.no_speculative:
@@ -89,7 +91,7 @@ def make_settings(args, info: dict) -> Settings:
                                     f"{MAX_TREE_NODES}")
     return Settings(quick=quick, rounds=args.rounds or (3 if quick else 5), warmup=1,
                     min_seconds=0.05 if quick else 0.25, settle=args.settle if args.settle is not None else
-                    (0.05 if quick else 0.3), prompt_lengths=lengths, context=context,
+                    (0.05 if quick else 0.3), prompt_lengths=lengths, context=context, long_context=long_context,
                     decode_tokens=decode_tokens, loops=loops, speculative=speculative,
                     speculative_prompts=2 if quick else 3, kv_modes=args.kv_cache or [],
                     diagnostics=not quick)
@@ -115,6 +117,12 @@ def make_items(settings: Settings, info: dict, tinyloops: list, llama: str | Non
                                    loops=loops, kv_mode=mode), engines,
                               {"prompt_tokens": settings.context, "tokens": settings.decode_tokens, "loops": loops,
                                "kv_mode": mode or info["kv_mode"]}))
+        if settings.long_context:               # decode over a long context: attention's share grows
+            items.append(Item(f"generate-long{tag}", "engine",
+                              dict(op="generate", prompt=settings.long_context, tokens=settings.decode_tokens,
+                                   loops=base_loops, kv_mode=mode), with_llama,
+                              {"prompt_tokens": settings.long_context, "tokens": settings.decode_tokens,
+                               "loops": base_loops, "kv_mode": mode or info["kv_mode"]}))
     for d, v, ahead, k in settings.speculative:
         items.append(Item(f"speculative-{d}-{v}-{ahead}-{k}", "speculative",
                           dict(op="speculative", prompts=settings.speculative_prompts, tokens=settings.decode_tokens,

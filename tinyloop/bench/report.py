@@ -131,6 +131,15 @@ def render(report: dict, markdown: bool = False) -> str:
 
 def diagnostic_lines(diagnostics: dict) -> list:
     lines = []
+    for name, entry in diagnostics.get("verify_and_memory", {}).items():
+        if "error" in entry:
+            lines.append(f"{name}: verify cost and memory not measured — {entry['error']}")
+            continue
+        v, m = entry["verify"], entry["memory"]
+        rss = f"{m['rss_mb']:.0f} MB" if m.get("rss_mb") is not None else "?"
+        lines.append(f"{name}: a {v['rows']}-row forward costs {v['ratio']:.2f} decode steps "
+                     f"({v['verify_s'] * 1000:.2f} ms against {v['decode_s'] * 1000:.2f} ms); resident memory "
+                     f"{rss}, peak {m['peak_rss_mb']:.0f} MB")
     share = diagnostics.get("matmul_share")
     if share:
         lines.append(f"decode / matrix products alone, step by step (loops {share['loops']}): "

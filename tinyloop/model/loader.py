@@ -53,6 +53,7 @@ def load_model(path, device=None, kv_mode: str | None = None, activations: str |
         raise TinyLoopError(f"the int4-h KV cache needs a power-of-two head_dim; this model has "
                             f"{model_file.config.head_dim}")
     weights = load_weights(model_file, backend)
+    model_file.release_pages()            # the backend holds its own layout now; the map is read rarely
     tokenizer = Tokenizer(model_file.tokenizer_json, model_file.config.vocab_size)
     model = LoopedTransformer(model_file.config, weights, backend, kv_mode=mode)
     return LoadedModel(model, tokenizer, model_file, backend, time.perf_counter() - start)

@@ -327,6 +327,14 @@ class ModelFile:
                 "method": sorted({s.get("method", "rtn") for s in specs}),
                 "act_order": any(s.get("act_order") for s in specs), "tensors": len(specs)}
 
+    def release_pages(self) -> None:
+        """Drop this process's mapping of the file's pages (they stay in the page cache). After
+        the backend has re-laid the weights, what is still read through the map (embedding
+        rows) faults back in page by page, and the resident memory no longer counts the
+        whole file beside the re-laid copy."""
+        if self._map is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def close(self):
         # Views into the map keep it alive; only close the file object itself.
         self._file.close()

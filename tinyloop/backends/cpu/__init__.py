@@ -36,6 +36,7 @@ innermost in index order. `tests/test_layout_invariance.py` pins each of these
 assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
 every OpenBLAS core type and NumPy SIMD level the CPU can execute.
 """
-from tinyloop.backends.cpu.backend import CpuBackend, DenseLinear
+from tinyloop.backends.cpu.backend import CpuBackend
+from tinyloop.backends.cpu.linear import PackedLinear
 
-__all__ = ["CpuBackend", "DenseLinear"]
+__all__ = ["CpuBackend", "PackedLinear"]

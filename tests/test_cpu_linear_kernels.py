@@ -1,0 +1,120 @@
+"""The CPU linear kernels (backends/cpu/kernels/linear*.py) against their NumPy oracle, bit for bit,
+and the row invariance every path of the engine stands on."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyloop.backends.cpu.kernels.halves import half_to_float
+from tinyloop.backends.cpu.kernels.linear_oracle import linear_oracle
+from tinyloop.backends.cpu.linear import linear, prepare_linear
+from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("f32", "f16", "int8", "int4", "int2")
+
+
+def part(rng, kind, n_out, n_in, group=32, act_order=False, scale_dtype=np.float16):
+    weight = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+    if kind == "f32":
+        return weight
+    if kind == "f16":
+        return weight.astype(np.float16)
+    tensor = quantize_rtn(weight, int(kind[3:]), group, scale_dtype)
+    if act_order:
+        tensor.perm = rng.permutation(tensor.padded_in).astype(np.int32)
+    return tensor
+
+
+def inputs(rng, rows, n_in):
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, 1e-30]          # zeros and a tiny value: signs and underflow go through too
+    return x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_in,group", [(64, 16), (100, 32), (75, 64), (576, 128)])
+def test_kernel_equals_its_oracle_bit_for_bit(kind, n_in, group):
+    rng = np.random.default_rng(hash((kind, n_in, group)) % 2**32)
+    parts = [part(rng, kind, 13, n_in, group, act_order=kind.startswith("int")), part(rng, kind, 7, n_in, group),
+             part(rng, kind, 20, n_in, group, scale_dtype=np.float32)]
+    bias = rng.standard_normal(40).astype(np.float32)
+    packed = prepare_linear(parts, bias)
+    for rows in (1, 3, 4, 9):
+        x = inputs(rng, rows, n_in)
+        assert np.array_equal(linear(x, packed), linear_oracle(x, parts, bias), equal_nan=True)
+
+
+def test_mixed_kinds_fuse_into_blocks_in_output_order():
+    rng = np.random.default_rng(3)
+    parts = [part(rng, "int4", 5, 96), part(rng, "int8", 6, 96), part(rng, "int4", 7, 96), part(rng, "f32", 3, 96)]
+    packed = prepare_linear(parts)
+    assert [b.kind for b in packed.blocks] == ["q4", "q8", "q4", "f32"]
+    x = inputs(rng, 6, 96)
+    assert np.array_equal(linear(x, packed), linear_oracle(x, parts))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gets_the_same_bits_whatever_shares_the_call(kind):
+    """Decode (1 row), verify (16), batches across the 4-row blocks and the 64-row chunks:
+    each row equals the row computed alone, and other rows' values never reach it."""
+    rng = np.random.default_rng(11)
+    parts = [part(rng, kind, 40, 192, 64)]
+    packed = prepare_linear(parts)
+    x = inputs(rng, 130, 192)
+    alone = np.concatenate([linear(x[r:r + 1], packed) for r in range(130)])
+    for rows in (1, 2, 5, 16, 65, 130):
+        assert np.array_equal(linear(x[:rows], packed), alone[:rows])
+    shuffled = rng.permutation(130)
+    assert np.array_equal(linear(x[shuffled], packed), alone[shuffled])
+    noisy = x.copy()
+    noisy[1:] = rng.standard_normal(noisy[1:].shape) * 1e6
+    assert np.array_equal(linear(noisy, packed)[0], alone[0])
+
+
+def test_close_to_the_exact_product():
+    """The definition is a faithful float32 product: within float32 rounding of x @ W.T in float64."""
+    rng = np.random.default_rng(5)
+    for kind in KINDS:
+        p = part(rng, kind, 33, 576, 32)
+        dense = dequantize(p).astype(np.float64) if isinstance(p, QuantizedTensor) else np.asarray(p, np.float64)
+        x = inputs(rng, 7, 576)
+        exact = x.astype(np.float64) @ dense.T
+        bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(dense).T) + 1e-30
+        assert np.all(np.abs(linear(x, prepare_linear([p])) - exact) <= bound), kind
+
+
+def test_quantized_weights_stay_packed_in_memory():
+    rng = np.random.default_rng(2)
+    for bits, most in ((4, 0.8), (8, 1.3), (2, 0.55)):
+        tensor = part(rng, f"int{bits}", 512, 576, 32)
+        packed = prepare_linear([tensor])
+        assert packed.nbytes / (512 * 576) <= most, bits           # float32 would be 4 bytes a weight
+
+
+def test_half_weights_widen_exactly_for_every_pattern():
+    from numba import njit
+
+    @njit
+    def widen(h, out):
+        for i in range(h.size):
+            out[i] = half_to_float(h[i])
+
+    patterns = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = np.empty(65536, np.float32)
+    widen(patterns, got)
+    assert np.array_equal(got.view(np.uint32), patterns.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+def test_the_generated_kernels_are_what_the_generator_writes():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_linear_kernels.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_bad_parts_are_refused():
+    rng = np.random.default_rng(1)
+    with pytest.raises(ValueError, match="input width"):
+        prepare_linear([part(rng, "f32", 4, 32), part(rng, "f32", 4, 48)])
