@@ -49,6 +49,8 @@ def main(argv=None) -> int:
                         "half_close": abuse.half_close(server),
                         "agent_routes": abuse.agent_routes(server)}
                 print(f"round {round_index + 1}: {seen}")
+                if seen["pipelining"] != [200, 200, 200]:
+                    problems.append(f"round {round_index + 1}: pipelined requests answered {seen['pipelining']}")
                 problems += abuse.after_abuse(server, reference)
             status = server.stop()
             if status != 0:

@@ -2,10 +2,10 @@
 
     python scripts/logit_fingerprint.py OUT.npz          # writes the logits, prints their SHA-256
 
-scripts/exactness_matrix.py runs this under every configuration it tests (numba compile
-targets, OpenBLAS core types, NumPy SIMD levels) and requires every configuration's file
-to be identical: on the CPU a row's bits may depend on its own inputs and position only,
-never on the instructions the machine offers. The models are the seeded random test
+Run it under two configurations (numba compile targets with NUMBA_CPU_NAME, OpenBLAS core
+types, NumPy SIMD levels, TINYLOOP_CPU_KERNELS) and compare the files: on the CPU a row's
+bits may depend on its own inputs and position only, never on the instructions the machine
+offers. Each array is saved under its path name; compare with numpy.array_equal. The models are the seeded random test
 presets (a looped GQA model with RoPE, a GPT-style one), float and quantized (int8, int4
 and int2 weights, act-order included), every KV cache mode, a sliding window; the paths
 are the prompt's prefill, decode steps, a chain verify pass and a draft-tree verify pass.

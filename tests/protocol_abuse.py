@@ -156,15 +156,30 @@ def open_and_drop(server, connections: int) -> dict:
     return {"opened": connections}
 
 
-def pipelining(server) -> list[int]:
-    """Three requests in one write; three responses back, in order."""
+def wait_idle(server, timeout: float = 30) -> None:
+    """Until nothing runs or waits in the engine (an earlier probe's generation, cancelled by
+    its client, may still be ending): a probe that needs the admission slot waits for it
+    instead of assuming it is free."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        values = metrics(server)
+        if values["tinyloop_generations_running"] == 0 and values["tinyloop_generations_waiting"] == 0:
+            return
+        time.sleep(0.05)
+
+
+def pipelining(server) -> list:
+    """Three requests in one write; three responses back, in order: their statuses, then the
+    generation's tokens (or, if it was refused, its error body, so the caller sees why)."""
+    wait_idle(server)
     body = orjson.dumps(GREEDY_PROBE)
     sock = connect(server)
     sock.sendall(head(server, "GET", b"/health") + head(server, "POST", b"/generate", length=len(body)) + body
                  + head(server, "GET", b"/v1/models"))
     responses = read_responses(sock, 3, timeout=60)
     sock.close()
-    return [status for status, _, _ in responses] + [orjson.loads(responses[1][2])["tokens"]]
+    answer = orjson.loads(responses[1][2]) if len(responses) > 1 else {}
+    return [status for status, _, _ in responses] + [answer.get("tokens", answer)]
 
 
 def half_close(server) -> dict:

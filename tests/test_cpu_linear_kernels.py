@@ -1,4 +1,4 @@
-"""The CPU linear kernels (backends/cpu/kernels/linear*.py) against their NumPy oracle, bit for bit,
+"""The CPU linear kernels (backends/cpu_numba/kernels/linear*.py) against their NumPy oracle, bit for bit,
 and the row invariance every path of the engine stands on."""
 import subprocess
 import sys
@@ -7,10 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.kernels.halves import half_to_float
-from tinyloop.backends.cpu.kernels.linear_oracle import linear_oracle
-from tinyloop.backends.cpu.linear import linear, prepare_linear
+from tinyloop.backends.cpu_numba.kernels.halves import half_to_float
+from tinyloop.backends.cpu_numba.kernels.linear_oracle import linear_oracle
+from tinyloop.backends.cpu_numba.linear import linear, prepare_linear
 from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
+
+pytestmark = pytest.mark.slow      # the experimental numba backend (TINYLOOP_CPU_KERNELS=numba): -m slow
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("f32", "f16", "int8", "int4", "int2")
@@ -118,3 +120,37 @@ def test_bad_parts_are_refused():
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match="input width"):
         prepare_linear([part(rng, "f32", 4, 32), part(rng, "f32", 4, 48)])
+
+
+def test_the_numba_backend_gives_a_row_the_same_bits_in_prefill_decode_and_verify(tmp_path):
+    """End to end on the experimental backend (TINYLOOP_CPU_KERNELS=numba): the logits of a
+    position are the same bits whether it was in the prompt's prefill, a decode step or a
+    5-row verify pass, for a looped model with RoPE and GQA."""
+    from tinyloop.backends.cpu_numba import CpuBackend
+    from tinyloop.model.loader import load_model
+    from tinyloop.model.testmodels import make_test_model
+    path = tmp_path / "tiny.tinyloop"
+    make_test_model(path, "tiny-looped", seed=3)
+    model = load_model(path, device=CpuBackend()).model
+    loops = 3
+    tokens = np.random.default_rng(4).integers(0, model.config.vocab_size, 24)
+    prefill_cache = model.new_cache(64, loops)
+    prefill = model.forward(tokens, np.arange(24), prefill_cache, loops, exact=False)
+    step_cache = model.new_cache(64, loops)
+    model.forward(tokens[:14], np.arange(14), step_cache, loops, exact=False)
+    steps = [model.forward(tokens[i:i + 1], [i], step_cache, loops)[0] for i in range(14, 19)]
+    verify = model.forward(tokens[19:24], np.arange(19, 24), step_cache, loops)
+    assert np.array_equal(np.stack(steps), prefill[14:19])
+    assert np.array_equal(verify, prefill[19:24])
+
+
+def test_the_cpu_kernels_setting_chooses_the_backend(monkeypatch):
+    from tinyloop.backends.select import cpu_backend_class
+    from tinyloop.errors import TinyLoopError
+    monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "numba")
+    assert cpu_backend_class().__module__.startswith("tinyloop.backends.cpu_numba")
+    monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "NumPy")
+    assert cpu_backend_class().__module__.startswith("tinyloop.backends.cpu.")
+    monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "blas")
+    with pytest.raises(TinyLoopError, match="TINYLOOP_CPU_KERNELS must be one of numpy, numba, got 'blas'"):
+        cpu_backend_class()

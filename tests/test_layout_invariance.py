@@ -7,7 +7,7 @@ fails here, by name. Run under every OpenBLAS core type by scripts/exactness_mat
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.attention import attention_over
+from tinyloop.backends.cpu.attention import attention_over, sequential_sum
 from tinyloop.backends.cpu.linear import linear
 from tinyloop.backends.cpu.norms import layer_norm, rms_norm
 from tinyloop.model.plan import TreeRows
@@ -58,9 +58,6 @@ def test_attention_bits_do_not_depend_on_the_cache_layout(head_dim, n_kv):
             for name in key_layouts:
                 got = attention_over(q, key_layouts[name], value_layouts[name], positions, 0.3, tree, window)
                 assert np.array_equal(got, expected), (name, tree is not None, window)
-            if tree is None:            # the bulk (prefill) plan: the very same bits
-                assert np.array_equal(attention_over(q, keys, values, positions, 0.3, None, window, exact=False),
-                                      expected), window
 
 
 @pytest.mark.parametrize("shape", [(16, 48), (64, 192), (576, 1728), (1536, 576)])
@@ -93,7 +90,8 @@ def test_norm_rows_do_not_depend_on_layout_or_batch(norm):
 
 # --------------------------------------------------------------------- what the invariant rests on
 @pytest.mark.parametrize("rows, n_in, n_out, transposed", [
-    # (attention's q . key and p . [value | 1] block products left BLAS: kernels/attention.py)
+    (1, 8, 64, True), (3, 16, 64, True), (1, 64, 64, True), (3, 64, 64, True), (2, 128, 64, True),  # q . key block
+    (1, 64, 9, False), (3, 64, 17, False), (3, 64, 65, False), (2, 64, 129, False),   # p . [value | 1] block
     (1, 64, 192, False), (1, 576, 1728, False), (1, 1536, 576, False), (1, 576, 1000, True),  # linears, tied head
 ])
 def test_blas_products_do_not_depend_on_alignment(rows, n_in, n_out, transposed):
@@ -150,3 +148,20 @@ def test_row_sums_do_not_depend_on_how_many_rows(length):
     assert np.array_equal(together, np.array([x[t].sum() for t in range(37)]))
     assert np.array_equal(x.reshape(37, 1, 1, length).sum(axis=-1).ravel(), together)
     assert np.array_equal(np.cumsum(x, axis=0)[-1], np.cumsum(x[:, ::-1], axis=0)[-1][::-1])
+
+
+@pytest.mark.parametrize("blocks, inner", [(2, (3, 65)), (9, (1, 17)), (69, (3, 65)), (300, (1, 9))])
+def test_the_block_sum_adds_in_index_order_and_ignores_zero_blocks(blocks, inner):
+    """attention's sequential_sum: ((b0 + b1) + b2) + ..., whatever the shape around it, so
+    leading and trailing all-zero blocks (keys outside a query's range) change no bit."""
+    rng = np.random.default_rng(blocks)
+    x = (rng.standard_normal((2, 3, blocks) + inner) * 10.0 ** rng.integers(-3, 4, blocks)[:, None, None]
+         ).astype(np.float32)
+    expected = x[:, :, 0].copy()
+    for b in range(1, blocks):
+        expected = expected + x[:, :, b]
+    assert np.array_equal(sequential_sum(x, axis=2), expected)
+    padded = np.concatenate([np.zeros((2, 3, 5) + inner, np.float32), x, np.zeros((2, 3, 7) + inner, np.float32)],
+                            axis=2)
+    assert np.array_equal(sequential_sum(padded, axis=2), expected)
+    assert np.array_equal(sequential_sum(np.asfortranarray(padded), axis=2), expected)

@@ -3,6 +3,10 @@
 
 auto: the CUDA backend when CuPy is installed and sees a GPU, else the CPU. The chosen
 backend's `description` says which and why; the server logs it at startup.
+
+On the CPU, `TINYLOOP_CPU_KERNELS=numba` chooses the experimental backend of our own
+compiled kernels (backends/cpu_numba/: row-invariant by construction, the weights kept
+packed); unset or `numpy`, the NumPy/OpenBLAS backend (backends/cpu/).
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from tinyloop.backends.base import Backend, check_activations
 from tinyloop.errors import TinyLoopError
 
 DEVICES = ("auto", "cpu", "cuda")
+CPU_KERNELS = ("numpy", "numba")
 
 
 def check_device(value: str) -> str:
@@ -26,11 +31,25 @@ def activations_from_env() -> str:
     return check_activations(os.environ.get("TINYLOOP_ACTIVATIONS") or "fp32")
 
 
+def cpu_backend_class():
+    """The CPU backend TINYLOOP_CPU_KERNELS names: numpy (default) or numba (experimental)."""
+    kernels = (os.environ.get("TINYLOOP_CPU_KERNELS") or "numpy").lower()
+    if kernels not in CPU_KERNELS:
+        raise TinyLoopError(f"TINYLOOP_CPU_KERNELS must be one of {', '.join(CPU_KERNELS)}, got {kernels!r}")
+    if kernels == "numba":
+        from tinyloop.backends.cpu_numba import CpuBackend
+    else:
+        from tinyloop.backends.cpu import CpuBackend
+    return CpuBackend
+
+
 def select_backend(device: str | None = None, activations: str | None = None) -> Backend:
     device = check_device(device or os.environ.get("TINYLOOP_DEVICE") or "auto")
     activations = check_activations(activations) if activations else activations_from_env()
     half = ", fp16 activations" if activations == "fp16" else ""
-    from tinyloop.backends.cpu import CpuBackend
+    CpuBackend = cpu_backend_class()
+    if CpuBackend.__module__.startswith("tinyloop.backends.cpu_numba"):
+        half += ", numba kernels"
     if device == "cpu":
         return CpuBackend(description=f"cpu (TINYLOOP_DEVICE=cpu{half})", activations=activations)
     from tinyloop.backends.cuda.device import cuda_unavailable

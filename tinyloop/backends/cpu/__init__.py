@@ -36,7 +36,6 @@ innermost in index order. `tests/test_layout_invariance.py` pins each of these
 assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
 every OpenBLAS core type and NumPy SIMD level the CPU can execute.
 """
-from tinyloop.backends.cpu.backend import CpuBackend
-from tinyloop.backends.cpu.linear import PackedLinear
+from tinyloop.backends.cpu.backend import CpuBackend, DenseLinear
 
-__all__ = ["CpuBackend", "PackedLinear"]
+__all__ = ["CpuBackend", "DenseLinear"]

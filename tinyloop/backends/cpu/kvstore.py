@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.kv import write as write_rows
 from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
 from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.model.quant import pack_codes, unpack_codes
@@ -163,13 +162,3 @@ class KVStorage:
     def arrays(self):
         """Every stored array once (a float store's block view is the same memory as its data)."""
         return [a for side in (self.keys, self.values) for name, a in side.items() if name != "blocks"]
-
-
-def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray) -> None:
-    """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
-    by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first).
-    Its oracle is the NumPy stores above (store_for(mode).store of the rotated rows)."""
-    bits = CODE_BITS.get(storage.mode, 0)
-    group_len = group_size(storage.head_dim)
-    for side, x in ((storage.keys, keys), (storage.values, values)):
-        write_rows(bits, group_len, storage.mode == "fp16", storage.rotation is not None, side, slot, rows, x)

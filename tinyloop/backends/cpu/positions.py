@@ -9,7 +9,6 @@ and every backend builds its table from them, so RoPE scaling means the same eve
 """
 import numpy as np
 
-from tinyloop.backends.cpu.kernels import rows as _kernels
 from tinyloop.model.config import ROPE_SCALINGS
 
 
@@ -43,14 +42,12 @@ def model_frequencies(config) -> np.ndarray:
 
 def rope_table(max_positions: int, inv_freq: np.ndarray) -> np.ndarray:
     """-> (max_positions, hd / 2) complex64 rotations e^{i p f_j} for the (hd / 2,)
-    frequencies f (inv_frequencies): the angle p * f_j and its cos and sin in float64 by our
-    own code (kernels/rope.py, kernels/rows_f64.py: IEEE operations only, not NumPy's
-    CPU-dispatched sin/cos), then rounded to float32; the same table on every CPU."""
-    return _kernels.rope_table(max_positions, inv_freq)
+    frequencies f (inv_frequencies), computed in float64."""
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :]
+    return (np.cos(angles) + 1j * np.sin(angles)).astype(np.complex64)
 
 
 def apply_rope(x: np.ndarray, rotation: np.ndarray) -> np.ndarray:
-    """x: (T, heads, hd) float32; rotation: (T, hd/2) complex64 -> (T, heads, hd) float32:
-    each pair (a, b) times (c, d) = (a c - b d, a d + b c), the products rounded first
-    (kernels/rope.py)."""
-    return _kernels.apply_rope(x, rotation)
+    """x: (T, heads, hd) float32, contiguous; rotation: (T, hd/2) complex64 -> (T, heads, hd)."""
+    pairs = np.ascontiguousarray(x).view(np.complex64)                  # (T, heads, hd/2)
+    return (pairs * rotation[:, None, :]).view(np.float32)

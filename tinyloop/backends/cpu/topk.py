@@ -1,8 +1,5 @@
-"""Top-k candidate ids on the host (NumPy): the reference for the device-side top-k; and
-the log-normalizer, a compiled fixed-order float64 computation (kernels/topk.py)."""
+"""Top-k candidate ids on the host (NumPy): the reference for the device-side top-k."""
 import numpy as np
-
-from tinyloop.backends.cpu.kernels import rows as _kernels
 
 
 def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
@@ -20,7 +17,6 @@ def top_k_ids(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def log_normalizer(scores: np.ndarray) -> float:
-    """log(sum(exp(scores))) of a (V,) float64 row, computed stably: top + log(sum(exp(s - top)))
-    with our own float64 exp and log and the sum in the lanes order (kernels/topk.py), so the
-    same bits on every CPU (np.exp / np.log may differ in the last bit between CPUs)."""
-    return _kernels.log_normalizer(scores)
+    """log(sum(exp(scores))) of a (V,) float64 row, computed stably."""
+    top = scores.max()
+    return float(top + np.log(np.exp(scores - top).sum()))

@@ -17,7 +17,7 @@ float64 sin/cos may choose CPU-specific SIMD code; this table is the same on eve
 import numpy as np
 from numba import njit, prange
 
-from tinyloop.backends.cpu.kernels.rows_f64 import sincos_f64
+from tinyloop.backends.cpu_numba.kernels.rows_f64 import sincos_f64
 
 
 @njit(cache=True, error_model="numpy")

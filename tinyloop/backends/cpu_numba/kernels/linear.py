@@ -7,7 +7,7 @@ The definition (float32, every operation rounded on its own: no FMA, no reassoci
 - Float weights (float32, or float16 widened exactly): per output o, one accumulator
   a = 0, then a = a + x[k] * W[o, k] for k = 0, 1, ..., K - 1 in order.
 - Quantized weights, w = q * scale[o, g] + min[o, g] for the columns k of group g (scale
-  and min as float32, float16 ones widened exactly; codes
+  and min in float32, float16 ones widened exactly at load; codes
   q of 2, 4 or 8 bits in the file's stored column order; act-order is applied to x by the
   caller, which also pads x with zeros to the padded width): since the sum of x w over a
   group is scale * (sum x q) + min * (sum x),
@@ -32,7 +32,7 @@ stored bytes kept whole: tiles[t, b, j] is byte b of output row t * 16 + j's cod
 import numpy as np
 from numba import njit
 
-from tinyloop.backends.cpu.kernels import linear_generated as generated
+from tinyloop.backends.cpu_numba.kernels import linear_generated as generated
 
 TILE = 16
 KERNELS = {"q8": generated.linear_q8, "q4": generated.linear_q4, "q2": generated.linear_q2,
@@ -64,16 +64,16 @@ def tiles_of(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(grown.reshape(padded // TILE, TILE, width).transpose(0, 2, 1))
 
 
-def warm_up(kind: str, stored=np.uint16) -> None:
+def warm_up(kind: str) -> None:
     """Compile (or load from numba's cache) the kernel of one weight kind ("q4", "f32", ...) on
-    tiny arrays, so no request pays for it; `stored`: the dtype of a quantized kind's scales
-    (uint16 half bits or float32). The backend calls it the first time a model's weights need
-    the pair: a Q4_1 model never compiles the int2 kernel."""
+    tiny arrays, so no request pays for it. The backend calls it the first time a model's
+    weights need the kind: a Q4_1 model never compiles the int2 kernel."""
     x = np.zeros((5, 32), np.float32)
     out = np.zeros((5, TILE), np.float32)
     if kind.startswith("q"):
         bits = int(kind[1:])
         KERNELS[kind](x, group_sums(x, 16), np.zeros((1, 32 * bits // 8, TILE), np.uint8),
-                      np.zeros((1, 2, TILE), stored), np.zeros((1, 2, TILE), stored), 16 * bits // 8, TILE, out, 0)
+                      np.zeros((1, 2, TILE), np.float32), np.zeros((1, 2, TILE), np.float32), 16 * bits // 8, TILE,
+                      out, 0, 1)
     else:
-        KERNELS[kind](x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0)
+        KERNELS[kind](x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0, 1)

@@ -9,11 +9,11 @@ table), topk.py (argmax, top_k with the float64 log-normalizer). Each has a NumP
 """
 import numpy as np
 
-from tinyloop.backends.cpu.kernels import activations as _act
-from tinyloop.backends.cpu.kernels import norms as _norms
-from tinyloop.backends.cpu.kernels import rope as _rope
-from tinyloop.backends.cpu.kernels import topk as _topk
-from tinyloop.backends.cpu.kernels.rows_f64 import SINCOS_LIMIT
+from tinyloop.backends.cpu_numba.kernels import activations as _act
+from tinyloop.backends.cpu_numba.kernels import norms as _norms
+from tinyloop.backends.cpu_numba.kernels import rope as _rope
+from tinyloop.backends.cpu_numba.kernels import topk as _topk
+from tinyloop.backends.cpu_numba.kernels.rows_f64 import SINCOS_LIMIT
 
 F = np.float32
 # Work from which the threaded drivers are used: prefill-sized calls only. Measured on the

@@ -12,7 +12,7 @@ ranges (gelu) between threads; an element's arithmetic does not depend on the sp
 import numpy as np
 from numba import njit, prange
 
-from tinyloop.backends.cpu.kernels.fmath import silu_f32, tanh_f32
+from tinyloop.backends.cpu_numba.kernels.fmath import silu_f32, tanh_f32
 
 F = np.float32
 SQRT_2_OVER_PI = F(0.7978845608028654)

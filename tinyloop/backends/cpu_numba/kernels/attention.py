@@ -9,37 +9,45 @@ query head, is fixed by the query's own inputs and logical positions alone:
     and the blocks in chunks of CHUNK_BLOCKS = 4: chunk c is the logical blocks
     [4c, 4c + 4) clipped to the query's range.
     per chunk, from m = -inf, l = +0, acc = +0, per block in increasing order:
-        s_j = q' . k_j for the 64 keys j of the block: 16 lanes, lane i adding the
-              products of d = i, i + 16, ... in increasing d (from -0, so a lane starts
-              at its first product), then the lanes added in lanes.py's fixed tree;
-              a key outside [lowest, pos] gets s_j = -inf and is never read
-        bm = max_j s_j (exact; no block in a query's range is fully masked, but such a
-              block would leave the state unchanged)
+        s_j = q' . k_j for the 64 keys j of the block: lanes.dot16 (16 lanes from +0, lane
+              i adding the products of d = i, i + 16, ... in increasing d, then the fixed
+              tree 8, 4, 2, 1); a key outside [lowest, pos] gets s_j = -inf, unread
+        bm = max_j s_j (16 lanes of running maxima, then lane 0..15 in order; a max is
+              exact, the order only decides between -0 and +0, which changes nothing below)
+        a block with bm = -inf (no visible key; never one in a query's range) changes nothing
         m' = max(m, bm); alpha = exp(m - m'); p_j = exp(s_j - m')     (masked: exactly +0)
         bl = the 64 p_j in 16 lanes (lane i: p_i, + p_{i+16}, + p_{i+32}, + p_{i+48}), tree
-        bacc[d] = +0 + p_0 v_0[d] + p_1 v_1[d] + ... + p_63 v_63[d], in j order
-              (a masked key's term is p_j * 0 = +0, a no-op on a sum that started at +0)
+        bacc[d] = +0 + p_0 v_0[d] + p_1 v_1[d] + ... + p_63 v_63[d], in j order, a term with
+              p_j = 0 left out (a no-op anyway on a sum that starts at +0, which is never
+              -0; so a masked row's contents, NaN included, are never used)
         acc = acc * alpha + bacc; l = l * alpha + bl; m = m'
     merge, from M = -inf, L = +0, A = +0, per chunk of the query's range in increasing
     order (a chunk with m = -inf is skipped):
         M' = max(M, m); a = exp(M - M'); b = exp(m - M'); A = A a + acc b; L = L a + l b; M = M'
     out = A / L (int4-h: then fwht(out))
 
-exp is fmath.exp_f32 (no libm); no fast-math, so LLVM may neither reassociate nor fuse a
-multiply into an add: vectorised loops (across the d of a row, across the 64 keys of a
-block, across the 16 lanes) perform exactly the scalar loop's operations. A key's logical
-position decides its block, chunk and lane, whatever physical row it is stored in (a
-ring's wrap, a draft tree's path), so a tree node sees the very sequence a sequential
-decode of its path sees. Threads split the work by (query, kv head) or by (query, kv
-head, chunk): a chunk's state is the same expression whichever thread computes it and
-whenever, and the merge is the same sequence in both drivers (_attend_rows does it
-inline, _attend_chunks + _merge_chunks through a scratch array), so how many queries
-share a call, which others are in it, whether the call is a prefill or a decode, and
-which driver or thread ran it never change a bit of a query's output.
+Why no call, thread or CPU can change a bit: exp is fmath.exp_f32 (no libm); numba
+compiles without fast-math, so LLVM may neither reassociate nor contract a multiply and
+an add into an FMA; the two hand-written IR kernels (dot16, the block's p . v) use plain
+fmul/fadd on <16 x float> vectors, which any target (AVX-512, AVX2's 2 x 8, SSE's 4 x 4,
+NEON) executes element by element in the written order. Vectorisation runs across
+independent lanes, keys or d, never across a reduction. A key's logical position alone
+decides its block, chunk and lane, whatever physical row holds it (a ring's wrap, a
+draft tree's path), so a tree node sees the very sequence a sequential decode of its
+path sees. Threads split the work by (tile of queries, kv head) or by (tile, chunk, kv
+head); a tile only shares the loading of a block (the dequantization), each query keeps
+its own state, and a chunk's state is the same expression whichever thread computes it;
+the merge is the same sequence in both drivers (_attend_rows inline, _attend_chunks +
+_merge_chunks through a scratch array). So how many queries share a call, which others
+are in it, whether it is a prefill (bulk plan) or a decode / verify (exact plan), the
+tile size, the driver and the thread count never change a query's output
+(tests/test_cpu_attention_kernels.py checks each of these against the NumPy oracle,
+attention_oracle.py).
 
 Quantized modes are dequantized per 64-row block inside the kernel into a (64, hd)
 float32 scratch (code * scale + min, float32 multiply then add, as IntStore.dequantize),
 never into a float copy of the cache; float16 scales are widened from their bits exactly.
+Float modes are read in place.
 """
 from __future__ import annotations
 
@@ -48,8 +56,8 @@ from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
 from numba.extending import intrinsic
 
-from tinyloop.backends.cpu.kernels.fmath import exp_f32
-from tinyloop.backends.cpu.kernels.rotation import fwht_row
+from tinyloop.backends.cpu_numba.kernels.fmath import exp_f32
+from tinyloop.backends.cpu_numba.kernels.rotation import fwht_row
 
 F = np.float32
 BLOCK = 64                       # tinyloop.limits.ATTENTION_BLOCK
@@ -256,6 +264,63 @@ def pv_block(out, out_offset, p, p_offset, values, v_off, n):
                 out[out_offset + d] = out[out_offset + d] + pj * values[o + d]
 
 
+def _scores16_codegen(n_chunks):
+    """LLVM IR of 16 keys' lanes.dot16 at once: for keys i = 0..15 (k[k_off[j0 + i]:]), the
+    16-lane accumulators from +0 as in _dot16_codegen, then the same fixed tree (8, 4, 2, 1)
+    done for all 16 keys together with shuffles: each step adds lane l and lane l + width of
+    every key, exactly tree_sum16's additions, packing two keys' halves into one vector;
+    the 16 sums are stored to out[out_off:+16]."""
+    def codegen(context, builder, signature, args):
+        q_ty, _, k_ty, off_ty, _, out_ty, _ = signature.args
+        q_data = context.make_array(q_ty)(context, builder, args[0]).data
+        k_data = context.make_array(k_ty)(context, builder, args[2]).data
+        off_data = context.make_array(off_ty)(context, builder, args[3]).data
+        out_data = context.make_array(out_ty)(context, builder, args[5]).data
+        f32 = ir.FloatType()
+        vec = ir.VectorType(f32, LANES)
+        vptr = vec.as_pointer()
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        q_ptr = builder.gep(q_data, [args[1]])
+        qv = [builder.load(builder.bitcast(builder.gep(q_ptr, [ir.Constant(i64, LANES * c)]), vptr), align=4)
+              for c in range(n_chunks)]
+        lanes = []
+        for i in range(LANES):
+            offset = builder.load(builder.gep(off_data, [builder.add(args[4], ir.Constant(i64, i))]))
+            k_ptr = builder.gep(k_data, [offset])
+            acc = ir.Constant(vec, [0.0] * LANES)
+            for c in range(n_chunks):
+                kv = builder.load(builder.bitcast(builder.gep(k_ptr, [ir.Constant(i64, LANES * c)]), vptr), align=4)
+                acc = builder.fadd(acc, builder.fmul(qv[c], kv))
+            lanes.append(acc)
+
+        def step(a, b, low):
+            high = [x + width for x in low]
+            index = ir.VectorType(i32, LANES)
+            return builder.fadd(builder.shuffle_vector(a, b, ir.Constant(index, low)),
+                                builder.shuffle_vector(a, b, ir.Constant(index, high)))
+
+        v, width = lanes, 8
+        while width >= 1:
+            # a key's live lanes sit in runs of 2 * width; keep the first half of each run
+            # of both operands (a's runs, then b's): lane l + lane l + width
+            low = [r * 2 * width + l for r in range(LANES // width) for l in range(width)]
+            v = [step(v[2 * m], v[2 * m + 1], low) for m in range(len(v) // 2)]
+            width //= 2
+        builder.store(v[0], builder.bitcast(builder.gep(out_data, [args[6]]), vptr), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _fixed_scores(n_chunks):
+    @intrinsic
+    def scores(typingctx, q, q_offset, k, k_off, j0, out, out_offset):
+        return (types.none(q, types.intp, k, k_off, types.intp, out, types.intp), _scores16_codegen(n_chunks))
+    return scores
+
+
+_scores16x2, _scores16x4, _scores16x8 = (_fixed_scores(n) for n in (2, 4, 8))
+
+
 @njit(inline="always", cache=True)
 def dot16_at(a, a_offset, b, b_offset, n, lane):
     """lanes.dot16 of a[a_offset:a_offset + n] and b[b_offset:b_offset + n] (1-D float32,
@@ -312,13 +377,29 @@ def _block_update(qs, q0, group, keys, k_off, values, v_off, vis, s, p, lane, ba
     """One query's chunk state for its G heads (cm, cl (G,), cacc (G, hd)) updated with one
     block: keys[k_off[j]:+hd] and values[v_off[j]:+hd] (flat) its 64 keys and values,
     qs[q0 + g * hd:+hd] the scaled query heads. Scratch: s, p (G, 64), bacc (G, hd), alpha (G,)."""
-    for j in range(BLOCK):
-        if vis[j]:
-            for g in range(group):
-                s[g, j] = dot16_at(qs, q0 + g * head_dim, keys, k_off[j], head_dim, lane)
-        else:
-            for g in range(group):
-                s[g, j] = NEG_INF
+    chunks = head_dim >> 4
+    if head_dim & 15 == 0 and (chunks == 4 or chunks == 8 or chunks == 2):
+        flat_s = s.reshape(-1)                             # 16 keys' dot16 at once (the same bits)
+        for g in range(group):
+            for j0 in range(0, BLOCK, LANES):
+                if chunks == 4:
+                    _scores16x4(qs, q0 + g * head_dim, keys, k_off, j0, flat_s, g * BLOCK + j0)
+                elif chunks == 8:
+                    _scores16x8(qs, q0 + g * head_dim, keys, k_off, j0, flat_s, g * BLOCK + j0)
+                else:
+                    _scores16x2(qs, q0 + g * head_dim, keys, k_off, j0, flat_s, g * BLOCK + j0)
+        for j in range(BLOCK):
+            if not vis[j]:
+                for g in range(group):
+                    s[g, j] = NEG_INF
+    else:
+        for j in range(BLOCK):
+            if vis[j]:
+                for g in range(group):
+                    s[g, j] = dot16_at(qs, q0 + g * head_dim, keys, k_off[j], head_dim, lane)
+            else:
+                for g in range(group):
+                    s[g, j] = NEG_INF
     for g in range(group):
         for i in range(LANES):                             # the block's max (exact: any order gives it)
             lane[i] = s[g, i]
@@ -542,6 +623,7 @@ _attend_rows = njit(parallel=True, cache=True)(_attend_rows_py)
 _attend_chunks = njit(parallel=True, cache=True)(_attend_chunks_py)
 _merge_chunks = njit(parallel=True, cache=True)(_merge_chunks_py)
 _attend_rows_serial = njit(cache=True)(_attend_rows_py)
+_merge_chunks_serial = njit(cache=True)(_merge_chunks_py)
 
 
 # ------------------------------------------------------------------------------------ host side
@@ -573,6 +655,7 @@ def _operands(bits: int, keys: dict, values: dict):
 
 TILE = 16                        # queries that share one load of a block (a speed choice only)
 SERIAL_WORK = 48                 # (query, kv head, block) visits below which one thread is faster
+SERIAL_MERGE = 16                # (query, kv head) merges below which the merge runs on one thread
 
 
 def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, positions, window: int = 0,
@@ -600,6 +683,11 @@ def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, po
     out = np.empty((n_queries, n_heads, head_dim), np.float32)
     if n_queries == 0:
         return out
+    # the kernels index without bounds checks: refuse what would read outside the store
+    reach = (int(positions.max()) // BLOCK + 1) * BLOCK if not ring_blocks else ring_blocks * BLOCK
+    if reach > n_rows or positions.min() < 0 or (tail_rows is not None and tail.size
+                                                  and (tail.min() < 0 or tail.max() >= n_rows)):
+        raise IndexError(f"attention over rows beyond the store's {n_rows}")
     tile = max(1, min(int(tile), n_queries))
     common = (tile, bits, group_len, *operands, int(slot), int(n_kv), int(n_rows), positions, lowest,
               int(ring_blocks), int(shared_end), tail, F(scale), bool(rotate), F(1.0 / np.sqrt(head_dim)))
@@ -630,15 +718,16 @@ def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, po
     part_l = np.empty((n_tasks, tile, group), np.float32)
     part_acc = np.empty((n_tasks, tile, group, head_dim), np.float32)
     _attend_chunks(q, *common, task_tile, task_chunk, part_m, part_l, part_acc)
-    _merge_chunks(tile, first_task, np.ascontiguousarray(chunk_lo, np.int64), positions, lowest, part_m, part_l,
-                  part_acc, bool(rotate), common[-1], out)
+    merge = _merge_chunks if n_queries * n_kv >= SERIAL_MERGE else _merge_chunks_serial
+    merge(tile, first_task, np.ascontiguousarray(chunk_lo, np.int64), positions, lowest, part_m, part_l,
+          part_acc, bool(rotate), common[-1], out)
     return out
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every signature the attention, KV write and
     rotation kernels use, on tiny arrays: call at model load, so no request pays for it."""
-    from tinyloop.backends.cpu.kvstore import KVStorage, kv_write
+    from tinyloop.backends.cpu_numba.kvstore import KVStorage, kv_write
 
     rng = np.random.default_rng(0)
     for mode in ("fp32", "int4-h"):
@@ -653,5 +742,6 @@ def warm_up() -> None:
         for split in (False, True):
             attend(q, bits, 16, storage.keys, storage.values, 0, [100, 127], 0, 0, 1, tail, 0.25, mode == "int4-h",
                    split=split, tile=1)
-        many = rng.standard_normal((64, 2, 16)).astype(F)                 # the threaded one-call driver
-        attend(many, bits, 16, storage.keys, storage.values, 0, np.arange(64, 128), split=False)
+        many = rng.standard_normal((64, 2, 16)).astype(F)                 # the threaded drivers
+        for split in (False, True):
+            attend(many, bits, 16, storage.keys, storage.values, 0, np.arange(64, 128), split=split, tile=4)

@@ -3,7 +3,7 @@ elementwise float32 operations, the sums over D as explicit loops in the lanes o
 (lanes.dot16_numpy / tree_sum16_numpy)."""
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.lanes import LANES, dot16_numpy, tree_sum16_numpy
+from tinyloop.backends.cpu_numba.kernels.lanes import LANES, dot16_numpy, tree_sum16_numpy
 
 F = np.float32
 

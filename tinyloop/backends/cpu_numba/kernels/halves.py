@@ -1,9 +1,8 @@
 """IEEE half-precision bits -> float32, exactly, in registers (numba has no float16 type)."""
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from tinyloop.backends.cpu.kernels.fmath import _bits_to_f32
+from tinyloop.backends.cpu_numba.kernels.fmath import _bits_to_f32
 
 
 @njit(inline="always", cache=True)
@@ -21,14 +20,3 @@ def half_to_float(h):
     tiny = -tiny if sign else tiny
     return tiny if exponent == 0 else _bits_to_f32(np.int32(bits))
 
-
-def widen(value):
-    """A stored scale or min as float32: half bits (uint16) widened exactly, float32 as is."""
-    raise NotImplementedError("compiled only (numba)")
-
-
-@overload(widen, inline="always")
-def _widen(value):
-    if value == types.uint16:
-        return lambda value: half_to_float(value)
-    return lambda value: value

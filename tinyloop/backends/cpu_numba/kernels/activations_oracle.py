@@ -2,7 +2,7 @@
 (fmath_oracle's exp / tanh / silu)."""
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.fmath_oracle import silu_f32, tanh_f32
+from tinyloop.backends.cpu_numba.kernels.fmath_oracle import silu_f32, tanh_f32
 
 F = np.float32
 

@@ -14,7 +14,7 @@ cannot depend on the other rows, their number, the thread count or the CPU.
 import numpy as np
 from numba import njit, prange
 
-from tinyloop.backends.cpu.kernels.lanes import LANES, dot16, tree_sum16
+from tinyloop.backends.cpu_numba.kernels.lanes import LANES, dot16, tree_sum16
 
 F = np.float32
 ONE = F(1.0)

@@ -2,7 +2,7 @@
 float32 elementwise products, then the subtraction / addition."""
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.rows_f64_oracle import sincos_f64
+from tinyloop.backends.cpu_numba.kernels.rows_f64_oracle import sincos_f64
 
 F = np.float32
 

@@ -9,8 +9,7 @@ kernel's oracle (tests/test_cpu_attention_kernels.py compares them bit for bit):
   half((high - low) / levels), min = half(low); codes = clip(rint((x - min) / s), 0,
   levels) with s = scale or 1 where scale is 0 (float32 subtract, divide; rint ties to
   even); 4-bit codes packed two a byte, the low nibble first.
-A row's stored bits depend on that row alone; rows are split across threads only when
-there are many (a prefill).
+A row's stored bits depend on that row alone. The write runs on one thread (PARALLEL_ROWS).
 """
 from __future__ import annotations
 
@@ -19,11 +18,14 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from tinyloop.backends.cpu.kernels.attention import half_to_f32
-from tinyloop.backends.cpu.kernels.rotation import fwht_row
+from tinyloop.backends.cpu_numba.kernels.attention import half_to_f32
+from tinyloop.backends.cpu_numba.kernels.rotation import fwht_row
 
 F = np.float32
-PARALLEL_ROWS = 64               # (token, kv head) rows from which a write is split across threads
+PARALLEL_ROWS = 1 << 62          # (token, kv head) rows from which a write is split across threads:
+# never, for now: the threaded write made tests/test_kvcache.py::test_batch_invariance_per_mode
+# [40-int8] fail when run after the rest of that file with 2 threads (not reproduced alone;
+# cause not found yet), while the one-thread write passes; the write is a small share of a step
 
 
 @intrinsic
@@ -136,17 +138,19 @@ def write(mode_bits: int, group_len: int, round_half: bool, rotate: bool, side: 
     x = np.ascontiguousarray(x, np.float32)
     n_tokens, n_kv, head_dim = x.shape
     if isinstance(rows, slice):
-        rows = np.arange(rows.start or 0, rows.start + n_tokens if rows.stop is None else rows.stop)
+        start = rows.start or 0
+        rows = np.arange(start, start + n_tokens if rows.stop is None else rows.stop)
     rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
+    n_rows = (side["data"] if mode_bits == 0 else side["codes"]).shape[2]
+    if rows.shape[0] != n_tokens or (n_tokens and (rows.min() < 0 or rows.max() >= n_rows)):
+        raise IndexError(f"{n_tokens} rows to write at {rows.shape[0]} physical rows, of {n_rows}")
     norm = F(1.0 / np.sqrt(head_dim))
     if mode_bits == 0:
         data = side["data"]
         args = (data.reshape(-1), data.shape[-1], bool(round_half), _NO_CODES, _NO_HALF, _NO_HALF)
-        n_rows = data.shape[2]
     else:
         codes = side["codes"]
         args = (_NO_FLOAT, 0, False, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
                 side["min"].reshape(-1).view(np.uint16))
-        n_rows = codes.shape[2]
     kernel = _write if n_tokens * n_kv >= PARALLEL_ROWS else _write_serial
     kernel(x, rows, int(slot), int(n_kv), int(n_rows), int(mode_bits), int(group_len), bool(rotate), norm, *args)

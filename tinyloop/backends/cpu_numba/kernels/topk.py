@@ -21,8 +21,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from tinyloop.backends.cpu.kernels.lanes import LANES
-from tinyloop.backends.cpu.kernels.rows_f64 import exp_f64, log_f64
+from tinyloop.backends.cpu_numba.kernels.lanes import LANES
+from tinyloop.backends.cpu_numba.kernels.rows_f64 import exp_f64, log_f64
 
 KMAX = 64                        # the insertion path's largest k
 CHUNK = 512                      # the log-normalizer's exps per chunk (a multiple of LANES)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.fmath_oracle import exp_f32
+from tinyloop.backends.cpu_numba.kernels.fmath_oracle import exp_f32
 
 F = np.float32
 BLOCK = 64

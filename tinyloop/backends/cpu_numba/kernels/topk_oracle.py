@@ -4,8 +4,8 @@ then the values descending with -0 == +0), and the log-normalizer from rows_f64_
 exp / log with the sum as an explicit loop in the lanes order."""
 import numpy as np
 
-from tinyloop.backends.cpu.kernels.lanes import LANES
-from tinyloop.backends.cpu.kernels.rows_f64_oracle import exp_f64, log_f64
+from tinyloop.backends.cpu_numba.kernels.lanes import LANES
+from tinyloop.backends.cpu_numba.kernels.rows_f64_oracle import exp_f64, log_f64
 
 
 def ranked_ids(row: np.ndarray) -> np.ndarray:

@@ -19,10 +19,42 @@ and on the machine. Every kernel here fixes its arithmetic in our own code inste
 
 Each kernel has a NumPy oracle (`<kernel>_oracle.py`), written from the same definition with
 NumPy's elementwise operations (never a reduction NumPy or BLAS may reorder), which the
-tests compare bit for bit; `scripts/exactness_matrix.py` re-runs the exactness tests under
-NUMBA_CPU_NAME=generic and every named target this CPU can run.
+tests compare bit for bit; `scripts/logit_fingerprint.py` writes the logits of every forward
+path, so runs under NUMBA_CPU_NAME=generic and this CPU's own target can be compared.
 """
+import hashlib
+import os
+from pathlib import Path
+
 import numba
+
+
+def _cache_dir() -> str:
+    """numba's cache for these kernels: a folder named after a hash of their sources.
+
+    numba keys a cached kernel on its own file only, not on the files of the functions it
+    inlines (fmath.py, lanes.py, ...): edit one of those and the kernels that inline it would
+    keep running their old machine code. A folder per version of the sources cannot be
+    stale. It lives in the user's cache ($NUMBA_CACHE_DIR, else $XDG_CACHE_HOME/tinyloop/numba),
+    so an install whose package folder is read-only still caches."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tinyloop", "numba")
+    return os.path.join(base, digest.hexdigest()[:16])
+
+
+# read when each kernel module below is imported (cache=True looks it up then)
+numba.config.CACHE_DIR = _cache_dir()
+
+# numba's OpenMP threads spin at a barrier before they sleep, by default for about 300,000
+# rounds: when another process holds the other core, a spinning thread keeps the very thread
+# it waits for off the CPU, and one linear call measured 7 ms instead of 0.4 ms. A short spin
+# costs a wake-up of a few microseconds per parallel call on an idle machine instead. Read by
+# libgomp when numba first starts its threads; an explicit setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
 # LLVM's SLP vectoriser packs the written-out loops of the linear kernels (16 outputs of a
 # tile, scripts/gen_linear_kernels.py) into vector registers; numba leaves it off by

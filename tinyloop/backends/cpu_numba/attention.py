@@ -1,0 +1,51 @@
+"""Causal attention of new queries over a request's keys and values, on the CPU.
+
+One compiled kernel (kernels/attention.py) serves every path and every KV mode: it
+reads the backend's own storage (kvstore.py) where the forward's plan says the keys
+are (model/plan.py: positions, window, ring, a draft tree's per-query path rows), and
+each query's output bits depend only on its own q, the keys and values it may see in
+the order of their logical positions, and its position. The prefill (a bulk plan)
+therefore gives every row the bits a decode of that row alone gives, and a tree node
+the bits a sequential decode of its path gives. A query at logical position p attends
+to logical positions 0..p (or the last `window` of them).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyloop.backends.cpu_numba.kernels.attention import NO_TREE, attend
+from tinyloop.kv.modes import CODE_BITS, group_size
+from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.model.plan import Geometry, TreeRows, build_plan
+
+
+def attention(q: np.ndarray, storage, slot: int, plan, scale: float) -> np.ndarray:
+    """q (T, H, hd) over slot `slot` of a KVStorage, as the ForwardPlan says -> (T, H, hd) float32.
+
+    The plan's exact and bulk forms read the same keys; only a draft tree (exact plans)
+    adds per-query path rows."""
+    geometry = plan.geometry
+    window = geometry.window if geometry is not None else 0
+    ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry is not None and geometry.ring else 0
+    shared_end, tail_rows = NO_TREE, None
+    if plan.exact and plan.attention is not None and plan.attention.n_tail:
+        shared_end, tail_rows = plan.attention.shared_end, plan.attention.tail_rows
+    return attend(q, CODE_BITS.get(storage.mode, 0), group_size(storage.head_dim), storage.keys, storage.values,
+                  slot, plan.positions, window, ring_blocks, shared_end, tail_rows, scale,
+                  rotate=storage.mode == "int4-h")
+
+
+def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions, scale: float,
+                   tree: TreeRows | None = None, window: int = 0, exact: bool = True) -> np.ndarray:
+    """Attention over plain (n_kv, rows, hd) float32 key and value arrays in any memory
+    layout, physical row = virtual row: the kernel on an fp32 store holding them, for
+    tests and tools. exact=False plans the bulk (prefill) path, which gives the same bits."""
+    from tinyloop.backends.cpu_numba.kvstore import KVStorage
+
+    n_kv, rows, head_dim = keys.shape
+    padded = -(-rows // ATTENTION_BLOCK) * ATTENTION_BLOCK
+    storage = KVStorage("fp32", 1, n_kv, padded, head_dim)
+    storage.keys["data"][0, :, :rows] = keys
+    storage.values["data"][0, :, :rows, :head_dim] = values
+    plan = build_plan(positions, int(np.min(positions)), Geometry(padded, None, window), exact, tree)
+    return attention(q, storage, 0, plan, scale)
