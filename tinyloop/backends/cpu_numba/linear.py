@@ -144,18 +144,28 @@ def _compiled(kind: str) -> None:
 # threads costs microseconds, and on a busy machine a descheduled one stalls the call a whole
 # time slice. Threads split outputs, never a sum, so a row's bits are the same either way.
 SERIAL_WORK = 1 << 20
-_THREADS = numba.config.NUMBA_NUM_THREADS          # NUMBA_NUM_THREADS, else the CPUs present
 
 
 def linear(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
     """x: (T, in) float32 -> (T, out) float32 = x @ W.T (+ bias), each row on its own."""
+    if x.shape[0] * packed.in_features * packed.out_features >= SERIAL_WORK:
+        return _linear(x, packed)
+    # set from Python: numba cannot cache a kernel that sets its own thread count
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return _linear(x, packed)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _linear(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
-    threads = 1 if x.shape[0] * packed.in_features * packed.out_features < SERIAL_WORK else _THREADS
     out = np.empty((x.shape[0], packed.out_features), np.float32)
     widened = None
     for block in packed.blocks:
         if block.scale is None:
-            KERNELS[block.kind](x, block.tiles, block.n_out, out, block.out_offset, threads)
+            KERNELS[block.kind](x, block.tiles, block.n_out, out, block.out_offset)
             continue
         xb = x
         if block.source is not None:                                    # act-order or padded columns
@@ -164,7 +174,7 @@ def linear(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
                 widened[:, :packed.in_features] = x
             xb = widened[:, block.source]
         KERNELS[block.kind](xb, group_sums(xb, block.group_size), block.tiles, block.scale, block.mins,
-                            block.group_size * int(block.kind[1:]) // 8, block.n_out, out, block.out_offset, threads)
+                            block.group_size * int(block.kind[1:]) // 8, block.n_out, out, block.out_offset)
     if packed.bias is not None:
         out += packed.bias
     return out

@@ -74,6 +74,6 @@ def warm_up(kind: str) -> None:
         bits = int(kind[1:])
         KERNELS[kind](x, group_sums(x, 16), np.zeros((1, 32 * bits // 8, TILE), np.uint8),
                       np.zeros((1, 2, TILE), np.float32), np.zeros((1, 2, TILE), np.float32), 16 * bits // 8, TILE,
-                      out, 0, 1)
+                      out, 0)
     else:
-        KERNELS[kind](x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0, 1)
+        KERNELS[kind](x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0)
