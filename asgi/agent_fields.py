@@ -16,12 +16,36 @@ MAX_LOGIT_BIAS = 300
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def _tools(name, value):
+def tool_array(name, value) -> list:
+    """A tools array's own checks, on every route that takes tools: an array, at most MAX_TOOLS."""
     if not isinstance(value, list):
         raise unprocessable(f"'{name}' must be an array of tools, got {describe(value)}", name)
     if len(value) > MAX_TOOLS:
         raise bad_request(f"'{name}' may hold at most {MAX_TOOLS} tools", name)
+    return value
+
+
+def check_function(names: set, fname, description, strict, parameters, paths: tuple) -> None:
+    """One function tool's checks, whatever the route's shape: a valid name not declared before
+    (added to `names`), a string description, a boolean strict, an object schema. paths: where
+    the route keeps (name, description, strict, parameters), for the errors."""
+    name_at, description_at, strict_at, parameters_at = paths
+    if not isinstance(fname, str) or not FUNCTION_NAME.match(fname):
+        raise bad_request(f"'{name_at}' must be 1 to 64 letters, digits, '_' or '-'", name_at)
+    if fname in names:
+        raise bad_request(f"'{name_at}' {fname!r} is declared twice", name_at)
+    names.add(fname)
+    if not isinstance(description, str):
+        raise unprocessable(f"'{description_at}' must be a string", description_at)
+    if not isinstance(strict, bool):
+        raise unprocessable(f"'{strict_at}' must be true or false", strict_at)
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise bad_request(f"'{parameters_at}' must be a JSON schema of type object", parameters_at)
+
+
+def _tools(name, value):
     tools, names = [], set()
+    value = tool_array(name, value)
     for index, tool in enumerate(value):
         at = f"{name}[{index}]"
         if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
@@ -33,21 +57,10 @@ def _tools(name, value):
         extra = set(function) - {"name", "description", "parameters", "strict"}
         if extra:
             raise bad_request(f"'{at}.function.{sorted(extra)[0]}' is not supported", f"{at}.function")
-        fname = function.get("name")
-        if not isinstance(fname, str) or not FUNCTION_NAME.match(fname):
-            raise bad_request(f"'{at}.function.name' must be 1 to 64 letters, digits, '_' or '-'",
-                              f"{at}.function.name")
-        if fname in names:
-            raise bad_request(f"'{at}.function.name' {fname!r} is declared twice", f"{at}.function.name")
-        names.add(fname)
-        if not isinstance(function.get("description", ""), str):
-            raise unprocessable(f"'{at}.function.description' must be a string", f"{at}.function.description")
-        if not isinstance(function.get("strict", False), bool):
-            raise unprocessable(f"'{at}.function.strict' must be true or false", f"{at}.function.strict")
         parameters = function.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(parameters, dict) or parameters.get("type") != "object":
-            raise bad_request(f"'{at}.function.parameters' must be a JSON schema of type object",
-                              f"{at}.function.parameters")
+        check_function(names, function.get("name"), function.get("description", ""), function.get("strict", False),
+                       parameters, tuple(f"{at}.function.{key}" for key in ("name", "description", "strict",
+                                                                             "parameters")))
         tools.append({"type": "function", "function": {**function, "parameters": parameters}})
     return tools
 

@@ -14,7 +14,7 @@ its tool_result.
 """
 from __future__ import annotations
 
-from .agent_fields import FUNCTION_NAME, MAX_TOOLS
+from .agent_fields import check_function, tool_array
 from .conversation import check_tool_schema
 from .errors import bad_request, unprocessable
 from .schema import CUSTOM_KINDS, MAX_MESSAGES, Field, _check_stop_count, describe
@@ -141,12 +141,8 @@ def anthropic_system(name, value):
 
 def anthropic_tools(name, value):
     """[{name, description?, input_schema}] -> chat-shape declarations."""
-    if not isinstance(value, list):
-        raise unprocessable(f"'{name}' must be an array of tools, got {describe(value)}", name)
-    if len(value) > MAX_TOOLS:
-        raise bad_request(f"'{name}' may hold at most {MAX_TOOLS} tools", name)
     tools, names = [], set()
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(tool_array(name, value)):
         at = f"{name}[{index}]"
         if not isinstance(tool, dict):
             raise unprocessable(f"'{at}' must be an object {{name, description, input_schema}}", at)
@@ -154,19 +150,10 @@ def anthropic_tools(name, value):
             raise bad_request(f"'{at}.type' {tool['type']!r} is not supported: only client tools (name, "
                               "input_schema) are", f"{at}.type")
         _no_extra_keys(at, tool, TOOL_KEYS)
-        if not isinstance(tool.get("strict", False), bool):
-            raise unprocessable(f"'{at}.strict' must be true or false", f"{at}.strict")
         fname = tool.get("name")
-        if not isinstance(fname, str) or not FUNCTION_NAME.match(fname):
-            raise bad_request(f"'{at}.name' must be 1 to 64 letters, digits, '_' or '-'", f"{at}.name")
-        if fname in names:
-            raise bad_request(f"'{at}.name' {fname!r} is declared twice", f"{at}.name")
-        names.add(fname)
-        if not isinstance(tool.get("description", ""), str):
-            raise unprocessable(f"'{at}.description' must be a string", f"{at}.description")
         schema = tool.get("input_schema")
-        if not isinstance(schema, dict) or schema.get("type") != "object":
-            raise bad_request(f"'{at}.input_schema' must be a JSON schema of type object", f"{at}.input_schema")
+        check_function(names, fname, tool.get("description", ""), tool.get("strict", False), schema,
+                       tuple(f"{at}.{key}" for key in ("name", "description", "strict", "input_schema")))
         check_tool_schema(schema, f"{at}.input_schema")
         function = {"name": fname, "parameters": schema}
         if tool.get("description"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import orjson
 
-from .agent_fields import FUNCTION_NAME, MAX_TOOLS
+from .agent_fields import check_function, tool_array
 from .conversation import check_tool_schema
 from .errors import bad_request, unprocessable
 from .schema import CUSTOM_KINDS, MAX_MESSAGES, Field, describe
@@ -155,12 +155,8 @@ def responses_input(name, value):
 
 def responses_tools(name, value):
     """[{type: function, name, description?, parameters?, strict?}] -> chat-shape declarations."""
-    if not isinstance(value, list):
-        raise unprocessable(f"'{name}' must be an array of tools, got {describe(value)}", name)
-    if len(value) > MAX_TOOLS:
-        raise bad_request(f"'{name}' may hold at most {MAX_TOOLS} tools", name)
     tools, names = [], set()
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(tool_array(name, value)):
         at = f"{name}[{index}]"
         if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
             raise unprocessable(f"'{at}' must be an object {{type: 'function', name, parameters}}", at)
@@ -169,18 +165,9 @@ def responses_tools(name, value):
                               f"{at}.type")
         _no_extra_keys(at, tool, {"type", "name", "description", "parameters", "strict"})
         fname = tool.get("name")
-        if not isinstance(fname, str) or not FUNCTION_NAME.match(fname):
-            raise bad_request(f"'{at}.name' must be 1 to 64 letters, digits, '_' or '-'", f"{at}.name")
-        if fname in names:
-            raise bad_request(f"'{at}.name' {fname!r} is declared twice", f"{at}.name")
-        names.add(fname)
-        if not isinstance(tool.get("description") or "", str):
-            raise unprocessable(f"'{at}.description' must be a string", f"{at}.description")
-        if not isinstance(tool.get("strict") or False, bool):
-            raise unprocessable(f"'{at}.strict' must be true or false", f"{at}.strict")
         parameters = tool.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(parameters, dict) or parameters.get("type") != "object":
-            raise bad_request(f"'{at}.parameters' must be a JSON schema of type object", f"{at}.parameters")
+        check_function(names, fname, tool.get("description") or "", tool.get("strict") or False, parameters,
+                       tuple(f"{at}.{key}" for key in ("name", "description", "strict", "parameters")))
         check_tool_schema(parameters, f"{at}.parameters")
         function = {"name": fname, "parameters": parameters}
         for key in ("description", "strict"):
