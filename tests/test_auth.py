@@ -12,7 +12,7 @@ from asgi_client import call, run
 from test_server_asgi import ready_app
 from test_server_asgi import settings as server_settings
 
-from asgi.auth import authorized, load_or_create_key
+from asgi.auth import authorized, authorized_anthropic, load_or_create_key, x_api_key
 from asgi.state import ServerState
 from tinyloop.model.testmodels import make_test_model
 
@@ -52,6 +52,25 @@ def header(value: str) -> list:
 ])
 def test_only_bearer_with_the_exact_key_is_authorized(value, ok):
     assert authorized(header(value), KEY) is ok
+
+
+def test_x_api_key_is_read_among_other_headers():
+    headers = [(b"host", b"example"), (b"x-api-key", KEY.encode()), (b"accept", b"*/*")]
+    assert x_api_key(headers) == KEY.encode()
+    assert x_api_key([(b"host", b"example")]) is None
+
+
+@pytest.mark.parametrize("headers,ok", [
+    ([(b"host", b"h"), (b"x-api-key", KEY.encode())], True),                       # x-api-key alone
+    ([(b"host", b"h"), (b"x-api-key", b"wrong")], False),
+    ([(b"host", b"h"), (b"authorization", f"Bearer {KEY}".encode())], True),       # bearer alone
+    ([(b"x-api-key", KEY.encode()), (b"authorization", f"Bearer {KEY}".encode())], True),
+    ([(b"x-api-key", b"wrong"), (b"authorization", f"Bearer {KEY}".encode())], False),   # every key must be right
+    ([(b"x-api-key", KEY.encode()), (b"authorization", b"Bearer wrong")], False),
+    ([(b"host", b"h")], False),
+])
+def test_the_messages_routes_take_x_api_key_or_bearer_and_every_key_sent_must_be_right(headers, ok):
+    assert authorized_anthropic(headers, KEY) is ok
 
 
 def test_no_authorization_header_is_refused():
