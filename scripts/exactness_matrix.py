@@ -16,8 +16,16 @@ next. Each configuration below runs `pytest -m exactness` in a fresh process wit
 - TINYLOOP_ACTIVATIONS=fp16 (linear inputs rounded to half: every model the tests load
   through load_model runs so), under this CPU's own kernels.
 The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported: a
-core type OpenBLAS maps to kernels already tested is listed, not run twice. Exit status 0
-only when every configuration that ran passed.
+core type OpenBLAS maps to kernels already tested is listed, not run twice.
+
+Then the compiled CPU kernels (backends/cpu_numba) across compile targets: numba compiles
+them for the CPU it runs on unless NUMBA_CPU_NAME names another target, and the integer
+kernels pick their instructions by the target (AVX2, SSSE3 or portable code, kernels/simd.py).
+scripts/logit_fingerprint.py writes the logits of every forward path (prefill, decode, verify,
+a draft tree; float and int8/int4/int2 models; every KV mode; a window) under this CPU's own
+target, NUMBA_CPU_NAME=generic, and every named target whose instructions this CPU executes,
+and every file must equal the first bit for bit. The exactness tests also run once under
+the generic target. Exit status 0 only when every configuration that ran passed.
 """
 from __future__ import annotations
 
@@ -41,6 +49,16 @@ CORE_TYPES = {
     "SkylakeX": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd"},
     "Cooperlake": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
     "SapphireRapids": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16", "amx_tile"},
+}
+
+# numba (LLVM) compile target -> the /proc/cpuinfo flags its code needs
+COMPILE_TARGETS = {
+    "generic": set(),
+    "nehalem": {"ssse3", "sse4_2"},
+    "sandybridge": {"avx"},
+    "haswell": {"avx2", "fma", "bmi2", "f16c"},
+    "skylake-avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512cd"},
+    "icelake-server": {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"},
 }
 
 _PROBE = """
@@ -82,6 +100,8 @@ def environment(overrides: dict) -> dict:
     env.pop("OPENBLAS_CORETYPE", None)          # every configuration says its own, or lets OpenBLAS choose
     env.pop("NPY_DISABLE_CPU_FEATURES", None)
     env.pop("TINYLOOP_ACTIVATIONS", None)
+    env.pop("TINYLOOP_CPU_KERNELS", None)
+    env.pop("NUMBA_CPU_NAME", None)
     for key, value in overrides.items():
         if value is not None:
             env[key] = value
@@ -128,7 +148,81 @@ def plan(full: bool) -> list[Configuration]:
                                      reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(targets)}"))
     configs.append(Configuration("fp16 activations", {"TINYLOOP_ACTIVATIONS": "fp16"}, reduced=not full,
                                  why="TINYLOOP_ACTIVATIONS=fp16: the exactness rule with half linear inputs"))
+    configs.append(Configuration("numba generic target", {"TINYLOOP_CPU_KERNELS": "numba",
+                                                          "NUMBA_CPU_NAME": "generic"}, reduced=not full,
+                                 why="TINYLOOP_CPU_KERNELS=numba NUMBA_CPU_NAME=generic: our kernels' portable code"))
     return configs
+
+
+@dataclass
+class Target:
+    name: str                       # NUMBA_CPU_NAME, or "" for this CPU's own
+    skipped: str = ""
+    arrays: int = 0
+    differing: list = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+
+def compile_targets() -> list[Target]:
+    flags = cpu_flags()
+    targets = [Target("")]
+    for name, needs in COMPILE_TARGETS.items():
+        if flags is None:
+            targets.append(Target(name, skipped="no /proc/cpuinfo: cannot tell what runs"))
+        elif not needs <= flags:
+            targets.append(Target(name, skipped=f"CPU lacks {' '.join(sorted(needs - flags))}"))
+        else:
+            targets.append(Target(name))
+    return targets
+
+
+def fingerprint(target: Target, path: Path) -> dict | None:
+    """Run scripts/logit_fingerprint.py on the compiled kernels under `target`; its arrays."""
+    import numpy as np
+    env = environment({"TINYLOOP_CPU_KERNELS": "numba"})
+    env.pop("NUMBA_CPU_NAME", None)
+    if target.name:
+        env["NUMBA_CPU_NAME"] = target.name
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "logit_fingerprint.py"), str(path)], cwd=ROOT,
+                         env=env, capture_output=True, text=True)
+    target.seconds = time.perf_counter() - start
+    if out.returncode != 0:
+        target.error = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["failed"]
+        target.error = target.error[0]
+        return None
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    target.arrays = len(arrays)
+    return arrays
+
+
+def compare_targets(workdir: Path) -> list[Target]:
+    """Every compile target's logits against this CPU's own target's, bit for bit."""
+    import numpy as np
+    targets = compile_targets()
+    reference = None
+    for target in targets:
+        if target.skipped:
+            print(f"  {target.name:<24} skipped: {target.skipped}")
+            continue
+        label = target.name or "this CPU's own target"
+        print(f"  {label:<24} logits of every path ...", end=" ", flush=True)
+        arrays = fingerprint(target, workdir / f"{target.name or 'host'}.npz")
+        if arrays is None:
+            print(f"FAILED: {target.error}")
+            continue
+        if reference is None:
+            reference = arrays
+        else:
+            target.differing = [key for key in reference
+                                if key not in arrays or arrays[key].tobytes() != reference[key].tobytes()]
+        verdict = "ok" if not target.differing else f"FAILED: {len(target.differing)} arrays differ"
+        print(f"{verdict}: {target.arrays} arrays in {target.seconds:.0f} s", flush=True)
+        for key in target.differing[:10]:
+            print(f"      differs: {key.replace('|', '/')}")
+    return targets
 
 
 def run(config: Configuration, pytest_args: list[str]) -> None:
@@ -162,7 +256,8 @@ def main() -> int:
             continue
         probe(config)
         # what the run depends on: the kernels loaded, and any setting of ours (fp16 activations)
-        key = (config.kernels, config.simd, config.env.get("TINYLOOP_ACTIVATIONS"))
+        key = (config.kernels, config.simd, config.env.get("TINYLOOP_ACTIVATIONS"),
+               config.env.get("TINYLOOP_CPU_KERNELS"), config.env.get("NUMBA_CPU_NAME"))
         if key in seen_kernels:
             config.skipped = f"OpenBLAS loaded {config.kernels} kernels: already run as '{seen_kernels[key]}'"
         else:
@@ -182,11 +277,21 @@ def main() -> int:
         for line in config.tail:
             print(f"      {line}")
     if args.list:
+        for target in compile_targets():
+            state = f"skipped: {target.skipped}" if target.skipped else "would compare its logits with the first"
+            print(f"  compile target {target.name or '(this CPU)':<16} {state}")
         return 0
+    print("compiled CPU kernels across compile targets: logits bit for bit (scripts/logit_fingerprint.py)")
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = compare_targets(Path(tmp))
     ran = [c for c in configs if not c.skipped]
     failed = [c.name for c in ran if c.failed]
-    print(f"\n{len(ran)} configurations run, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
-    return 1 if failed or not ran else 0
+    compared = [t for t in targets if not t.skipped]
+    failed += [f"compile target {t.name or 'host'}" for t in compared if t.error or t.differing]
+    print(f"\n{len(ran)} configurations run, {len(compared)} compile targets compared, {len(failed)} failed"
+          + (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed or not ran or len(compared) < 2 else 0
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from tinyloop.backends.cpu_numba.kernels import attention as kernel
 from tinyloop.backends.cpu_numba.kernels import attention_oracle as oracle
 from tinyloop.backends.cpu_numba.kernels.lanes import dot16_numpy
 from tinyloop.backends.cpu_numba.kernels.rotation import rotate
-from tinyloop.backends.cpu_numba.kvstore import KVStorage, kv_write
-from tinyloop.kv.modes import CODE_BITS, group_size, hadamard
+from tinyloop.backends.cpu_numba.kvstore import KVStorage, kernel_bits, kv_write
+from tinyloop.kv.modes import group_size, hadamard
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
 pytestmark = pytest.mark.slow      # the experimental numba backend (TINYLOOP_CPU_KERNELS=numba): -m slow
@@ -33,7 +33,7 @@ def filled(mode, n_kv, head_dim, rows, rng, n_slots=2):
 
 def run(storage, q, slot, positions, window=0, ring_blocks=0, shared_end=kernel.NO_TREE, tail_rows=None,
         scale=0.3, **force):
-    return kernel.attend(q, CODE_BITS.get(storage.mode, 0), group_size(storage.head_dim), storage.keys,
+    return kernel.attend(q, kernel_bits(storage.mode), group_size(storage.head_dim), storage.keys,
                          storage.values, slot, positions, window, ring_blocks, shared_end, tail_rows, scale,
                          rotate=storage.mode == "int4-h", **force)
 
@@ -300,3 +300,20 @@ def test_half_bits_rounds_as_numpy_does():
         finite = ~np.isnan(x)
         assert np.array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
         assert np.all(np.isnan(got[~finite]))
+
+
+def test_the_fp16_mode_stores_half_bits_in_two_bytes_a_value():
+    """fp16 keeps IEEE half bits (uint16), half the NumPy backend's float32 arrays of half values,
+    and the bytes per row the pool sizes caches by say so."""
+    from tinyloop.backends.cpu.kvstore import bytes_per_row as numpy_bytes_per_row
+    from tinyloop.backends.cpu_numba.kvstore import bytes_per_row
+    rng = np.random.default_rng(31)
+    storage = KVStorage("fp16", 1, 2, 128, 64)
+    x = rng.standard_normal((3, 2, 64)).astype(F)
+    kv_write(storage, 0, np.array([5, 9, 100]), x, -x)
+    assert storage.keys["data"].dtype == np.uint16 and storage.values["data"].shape == (1, 2, 128, 64)
+    assert np.array_equal(storage.keys["data"][0][:, [5, 9, 100]].transpose(1, 0, 2),
+                          x.astype(np.float16).view(np.uint16))
+    assert bytes_per_row("fp16", 2, 64) == 2 * 2 * 64 * 2
+    assert numpy_bytes_per_row("fp16", 2, 64) > 2 * bytes_per_row("fp16", 2, 64) - 64
+    assert CpuBackend().kv_bytes_per_row("fp16", 2, 64) == bytes_per_row("fp16", 2, 64)

@@ -18,7 +18,7 @@ engine, never into fresh arrays; the plan's arrays are views of them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -84,6 +84,7 @@ class ForwardPlan:
     rotation: object = None        # (T, hd / 2) RoPE rotations on the backend, or None
     attention: AttentionPlan | None = None
     bulk: list | None = None       # [BulkChunk] for exact=False
+    prepared: dict = field(default_factory=dict)   # a backend's per-forward work, shared by the layers
 
     @property
     def n_tokens(self) -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cpu_numba.kernels.attention import NO_TREE, attend
-from tinyloop.kv.modes import CODE_BITS, group_size
+from tinyloop.backends.cpu_numba.kernels.attention import NO_TREE, TILE, PreparedAttention
+from tinyloop.backends.cpu_numba.kvstore import kernel_bits
+from tinyloop.kv.modes import group_size
 from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
@@ -23,16 +24,24 @@ def attention(q: np.ndarray, storage, slot: int, plan, scale: float) -> np.ndarr
     """q (T, H, hd) over slot `slot` of a KVStorage, as the ForwardPlan says -> (T, H, hd) float32.
 
     The plan's exact and bulk forms read the same keys; only a draft tree (exact plans)
-    adds per-query path rows."""
-    geometry = plan.geometry
-    window = geometry.window if geometry is not None else 0
-    ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry is not None and geometry.ring else 0
-    shared_end, tail_rows = NO_TREE, None
-    if plan.exact and plan.attention is not None and plan.attention.n_tail:
-        shared_end, tail_rows = plan.attention.shared_end, plan.attention.tail_rows
-    return attend(q, CODE_BITS.get(storage.mode, 0), group_size(storage.head_dim), storage.keys, storage.values,
-                  slot, plan.positions, window, ring_blocks, shared_end, tail_rows, scale,
-                  rotate=storage.mode == "int4-h")
+    adds per-query path rows. What depends on the plan and the store only (checks, operands,
+    the driver) is worked out by the forward's first layer and kept on the plan for the rest."""
+    key = ("numba attention", id(storage), q.shape, float(scale))
+    prepared = plan.prepared.get(key)
+    if prepared is None:
+        geometry = plan.geometry
+        window = geometry.window if geometry is not None else 0
+        ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry is not None and geometry.ring else 0
+        shared_end, tail_rows = NO_TREE, None
+        if plan.exact and plan.attention is not None and plan.attention.n_tail:
+            shared_end, tail_rows = plan.attention.shared_end, plan.attention.tail_rows
+        prepared = PreparedAttention(q.shape[0], kernel_bits(storage.mode), group_size(storage.head_dim),
+                                     storage.keys, storage.values, plan.positions, window, ring_blocks, shared_end,
+                                     tail_rows, scale, storage.mode == "int4-h", q.shape[2], q.shape[1], None, TILE)
+        plan.prepared[key] = (storage, prepared)          # storage held: its id stays its own
+    else:
+        prepared = prepared[1]
+    return prepared.run(q, slot)
 
 
 def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions, scale: float,

@@ -15,7 +15,7 @@ import numpy as np
 from tinyloop.backends.cpu.backend import CpuBackend as NumpyBackend
 from tinyloop.backends.cpu_numba.activations import gelu_tanh, swiglu
 from tinyloop.backends.cpu_numba.attention import attention as attend_plan
-from tinyloop.backends.cpu_numba.kvstore import KVStorage, kv_write
+from tinyloop.backends.cpu_numba.kvstore import KVStorage, bytes_per_row, kv_write
 from tinyloop.backends.cpu_numba.embedding import embed, prepare_embedding
 from tinyloop.backends.cpu_numba.linear import PackedLinear, linear, prepare_linear
 from tinyloop.backends.cpu_numba.norms import layer_norm, rms_norm
@@ -60,8 +60,7 @@ class CpuBackend(NumpyBackend):
         # exact or not, one kernel: every row gets the arithmetic of a row computed alone
         if x.dtype == np.float16:                   # fp16 activations: widened exactly
             x = x.astype(np.float32)
-        out = linear(x, weight)
-        return out if residual is None else residual + out
+        return linear(x, weight, residual)
 
     def rms_norm(self, x, weight, eps, feeds_linear=False):
         return self._linear_input(rms_norm(x, weight, eps), feeds_linear)
@@ -79,8 +78,14 @@ class CpuBackend(NumpyBackend):
         return self._linear_input(gelu_tanh(x))
 
     # -- the KV cache --------------------------------------------------------------------------
+    def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> KVStorage:
+        return KVStorage(mode, n_slots, n_kv, rows, head_dim, alloc)
+
+    def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
+        return bytes_per_row(mode, n_kv, head_dim)
+
     def kv_write(self, storage: KVStorage, slot, plan, keys, values):
-        kv_write(storage, slot, plan.write_rows, keys, values)
+        kv_write(storage, slot, plan.write_rows, keys, values, plan.prepared)
 
     def attention(self, q, storage: KVStorage, slot, plan, scale):
         return attend_plan(q, storage, slot, plan, scale)

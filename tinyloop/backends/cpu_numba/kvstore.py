@@ -1,24 +1,99 @@
-"""KV storage of the numba backend: the NumPy backend's arrays (backends/cpu/kvstore.py, the
-same layout and bytes per row), written by the compiled KV kernel (kernels/kv.py) and read
-in place by the attention kernel (kernels/attention.py). The NumPy stores there are the
-write kernel's oracle and serve tests and tools (read rows back, quantize). The float
-modes' column of ones after hd (the NumPy attention's probability sum) is kept, unread
-by the kernels, so the two backends' storage stays the same.
+"""KV storage of the numba backend, written by the compiled KV kernel (kernels/kv.py) and read
+in place by the attention kernel (kernels/attention.py).
+
+The int modes and fp32 keep the NumPy backend's arrays (backends/cpu/kvstore.py: the same
+layout and bytes per row; fp32's values keep their column of ones after hd, unread by the
+kernels). The fp16 mode stores what it says: IEEE half bits, (n_slots, n_kv, rows, hd)
+uint16 per side (HalfStore), widened exactly by the attention kernel as it reads a block,
+so a token costs 2 bytes a value, not the NumPy backend's 4 (its float32 arrays of half
+values): at 4k context that halves what a decode step reads from the cache. The values it
+gives are the same (a half widens to float32 exactly). The stores' `store` methods are the
+write kernel's oracle and serve tests and tools (read rows back).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cpu.kvstore import FloatStore, IntStore, KVStorage, bytes_per_row, store_for  # noqa: F401
+from tinyloop.backends.cpu.kvstore import FloatStore, IntStore  # noqa: F401
+from tinyloop.backends.cpu.kvstore import KVStorage as NumpyKVStorage
+from tinyloop.backends.cpu.kvstore import store_for as numpy_store_for
+from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.backends.cpu_numba.kernels.kv import checked_rows, side_rows
 from tinyloop.backends.cpu_numba.kernels.kv import write as write_rows
-from tinyloop.kv.modes import CODE_BITS, group_size
+from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
+
+HALF_BITS = 16                   # the kernels' "bits" of the fp16 mode's half store
 
 
-def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray) -> None:
+class HalfStore:
+    """One side of the fp16 mode: half bits (n_slots, n_kv, rows, hd) uint16."""
+
+    def __init__(self, ones: bool = False):
+        self.ones = ones                        # the values side: reads append a column of ones
+
+    def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
+        return n_kv * head_dim * 2
+
+    def allocate(self, alloc, n_slots, n_kv, rows, head_dim) -> dict:
+        return {"data": alloc((n_slots, n_kv, rows, head_dim), np.uint16)}
+
+    def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
+        """x: (T, n_kv, hd) float32 rounded to half (NumPy's round-to-nearest-even) at physical rows."""
+        arrays["data"][slot][:, rows] = x.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
+
+    def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
+        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
+        values = arrays["data"][slot][:, rows].view(np.float16).astype(np.float32)
+        if self.ones:
+            values = np.concatenate([values, np.ones(values.shape[:-1] + (1,), np.float32)], axis=-1)
+        return values
+
+    def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
+        rows = arrays["data"].shape[2]
+        index = np.arange(rows).reshape(-1, ATTENTION_BLOCK)[blocks]                     # (n_blocks, 64)
+        return self.rows(arrays, slot, index)
+
+
+def store_for(mode: str, ones: bool = False):
+    check_mode(mode)
+    return HalfStore(ones) if mode == "fp16" else numpy_store_for(mode, ones)
+
+
+def bytes_per_row(mode: str, n_kv: int, head_dim: int) -> int:
+    """Bytes of one token's keys and values together."""
+    return store_for(mode).bytes_per_row(n_kv, head_dim) + store_for(mode, True).bytes_per_row(n_kv, head_dim)
+
+
+def kernel_bits(mode: str) -> int:
+    """What the kernels call a mode: 0 float32, 16 half bits, else the code width."""
+    return HALF_BITS if mode == "fp16" else CODE_BITS.get(mode, 0)
+
+
+class KVStorage(NumpyKVStorage):
+    """One request's keys and values: the NumPy backend's storage, fp16 as half bits."""
+
+    def __init__(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
+        alloc = alloc or (lambda shape, dtype: np.zeros(shape, dtype))
+        self.mode, self.n_slots, self.n_kv, self.rows, self.head_dim = mode, n_slots, n_kv, rows, head_dim
+        self.key_store, self.value_store = store_for(mode), store_for(mode, ones=True)
+        self.keys = self.key_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
+        self.values = self.value_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
+        self.rotation = hadamard(head_dim) if mode == "int4-h" else None      # (hd, hd)
+
+
+def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray, prepared: dict | None = None
+             ) -> None:
     """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
     by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first).
-    Its oracle is the NumPy stores (store_for(mode).store of the rotated rows)."""
-    bits = CODE_BITS.get(storage.mode, 0)
+    Its oracle is the NumPy stores (store_for(mode).store of the rotated rows). prepared (a
+    plan's dict): the checked rows are kept there for the forward's other layers."""
+    bits = kernel_bits(storage.mode)
     group_len = group_size(storage.head_dim)
+    key = ("numba kv rows", id(storage), keys.shape[0])
+    checked = prepared.get(key) if prepared is not None else None
+    if checked is None:
+        checked = (storage, checked_rows(rows, keys.shape[0], side_rows(bits, storage.keys)))
+        if prepared is not None:
+            prepared[key] = checked                     # storage held: its id stays its own
     for side, x in ((storage.keys, keys), (storage.values, values)):
-        write_rows(bits, group_len, storage.mode == "fp16", storage.rotation is not None, side, slot, rows, x)
+        write_rows(bits, group_len, storage.rotation is not None, side, slot, checked[1], x, checked=True)

@@ -47,7 +47,7 @@ attention_oracle.py).
 Quantized modes are dequantized per 64-row block inside the kernel into a (64, hd)
 float32 scratch (code * scale + min, float32 multiply then add, as IntStore.dequantize),
 never into a float copy of the cache; float16 scales are widened from their bits exactly.
-Float modes are read in place.
+The fp16 mode's half bits are widened exactly into the same scratch; fp32 is read in place.
 """
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ from numba.extending import intrinsic
 
 from tinyloop.backends.cpu_numba.kernels.fmath import exp_f32
 from tinyloop.backends.cpu_numba.kernels.rotation import fwht_row
+from tinyloop.backends.cpu_numba.kernels.simd import fadd, fmul, load_codes8_f32, load_group8, splat_f32, store_f32x8
 
 F = np.float32
 BLOCK = 64                       # tinyloop.limits.ATTENTION_BLOCK
@@ -350,9 +351,10 @@ def dot16_at(a, a_offset, b, b_offset, n, lane):
 
 @njit(inline="always", cache=True)
 def _dequantize_block(bits, group_len, codes, scales, mins, row_base, rows, out, head_dim):
-    """Rows of one kv head's int store -> out (64 * hd,) float32: code * scale + min.
-    codes (n_rows_total * bytes,), scales/mins (n_rows_total * groups,) uint16 (f16 bits),
-    flat; row_base: the (slot, kv head)'s first row."""
+    """Rows of one kv head's int store -> out (64 * hd,) float32: code * scale + min (float32
+    multiply, then add: as IntStore.dequantize). codes (n_rows_total * bytes,), scales/mins
+    (n_rows_total * groups,) uint16 (f16 bits), flat; row_base: the (slot, kv head)'s first
+    row. Eight elements at a time where the group allows (simd.py: the same operations)."""
     n_bytes = head_dim * bits // 8
     groups = head_dim // group_len
     for j in range(BLOCK):
@@ -362,7 +364,15 @@ def _dequantize_block(bits, group_len, codes, scales, mins, row_base, rows, out,
         for gi in range(groups):
             scale = half_to_f32(scales[r * groups + gi])
             low = half_to_f32(mins[r * groups + gi])
-            if bits == 8:
+            if group_len & 7 == 0:
+                vscale, vlow = splat_f32(scale), splat_f32(low)
+                for d in range(gi * group_len, (gi + 1) * group_len, 8):
+                    if bits == 8:
+                        v = load_codes8_f32(codes, c0 + d, 8)
+                    else:
+                        v = load_codes8_f32(codes, c0 + d // 2, 4)
+                    store_f32x8(out, (o0 + d) * 4, fadd(fmul(v, vscale), vlow))
+            elif bits == 8:
                 for d in range(gi * group_len, (gi + 1) * group_len):
                     out[o0 + d] = F(codes[c0 + d]) * scale + low
             else:                                         # 4 bits, the low nibble first
@@ -370,6 +380,21 @@ def _dequantize_block(bits, group_len, codes, scales, mins, row_base, rows, out,
                     byte = codes[c0 + i]
                     out[o0 + 2 * i] = F(byte & 15) * scale + low
                     out[o0 + 2 * i + 1] = F(byte >> 4) * scale + low
+
+
+@njit(inline="always", cache=True)
+def _widen_block(halves, row_base, rows, out, head_dim):
+    """Rows of one kv head's half store (flat uint16 half bits, rows of hd) -> out (64 * hd,)
+    float32, exactly (eight at a time: simd.load_group8)."""
+    for j in range(BLOCK):
+        h0 = (row_base + rows[j]) * head_dim
+        o0 = j * head_dim
+        if head_dim & 7 == 0:
+            for d in range(0, head_dim, 8):
+                store_f32x8(out, (o0 + d) * 4, load_group8(halves, h0 + d))
+        else:
+            for d in range(head_dim):
+                out[o0 + d] = half_to_f32(halves[h0 + d])
 
 
 @njit(inline="always", cache=True)
@@ -444,9 +469,9 @@ def _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, s
     """Chunk c of kv head h for queries t0..t1-1 (those whose range holds it) -> their chunk
     states cm, cl (tile, G) and cacc (tile, G, hd), indexed t - t0.
 
-    Stored arrays flat: float modes kf (.., hd) and vf (.., hd + 1) float32; int modes codes
-    kc, vc (.., hd * bits / 8) uint8 and f16 bits ks, km, vs, vm (.., groups) uint16, each
-    over (n_slots, n_kv, n_rows) rows."""
+    Stored arrays flat: fp32 (bits 0) kf (.., hd) and vf (.., hd + 1) float32; fp16 (bits 16)
+    half bits in ks and vs (.., hd) uint16; int modes codes kc, vc (.., hd * bits / 8) uint8
+    and f16 bits ks, km, vs, vm (.., groups) uint16, each over (n_slots, n_kv, n_rows) rows."""
     group, head_dim = cm.shape[1], cacc.shape[2]
     row_base = (slot * n_kv + h) * n_rows
     k_stride, v_stride = head_dim, head_dim + 1                  # float modes: values carry a ones column
@@ -497,6 +522,9 @@ def _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, s
                     for j in range(BLOCK):
                         k_off[j] = (row_base + rows[j]) * k_stride
                         v_off[j] = (row_base + rows[j]) * v_stride
+                elif bits == 16:
+                    _widen_block(ks, row_base, rows, kb, head_dim)
+                    _widen_block(vs, row_base, rows, vb, head_dim)
                 else:
                     _dequantize_block(bits, group_len, kc, ks, km, row_base, rows, kb, head_dim)
                     _dequantize_block(bits, group_len, vc, vs, vm, row_base, rows, vb, head_dim)
@@ -647,6 +675,10 @@ def _operands(bits: int, keys: dict, values: dict):
         data = keys["data"]
         return (_flat(data), _flat(values["data"]), _NO_CODES, _NO_HALF, _NO_HALF, _NO_CODES, _NO_HALF,
                 _NO_HALF), data.shape[1], data.shape[2]
+    if bits == 16:                               # half bits ride in the scale operands
+        data = keys["data"]
+        return (_NO_FLOAT, _NO_FLOAT, _NO_CODES, _flat(data), _NO_HALF, _NO_CODES, _flat(values["data"]),
+                _NO_HALF), data.shape[1], data.shape[2]
     codes = keys["codes"]
     return (_NO_FLOAT, _NO_FLOAT, _flat(codes), _flat(keys["scale"]).view(np.uint16),
             _flat(keys["min"]).view(np.uint16), _flat(values["codes"]), _flat(values["scale"]).view(np.uint16),
@@ -658,13 +690,92 @@ SERIAL_WORK = 48                 # (query, kv head, block) visits below which on
 SERIAL_MERGE = 16                # (query, kv head) merges below which the merge runs on one thread
 
 
+class PreparedAttention:
+    """What `attend` works out from the positions, the window, the tree and the store, once:
+    the checks, the kernels' common operands and the driver. A forward's layers share it
+    (backends/cpu_numba/attention.py keeps it on the plan); `run` takes a layer's q and slot."""
+
+    def __init__(self, n_queries: int, bits: int, group_len: int, keys: dict, values: dict, positions, window: int,
+                 ring_blocks: int, shared_end: int, tail_rows, scale: float, rotate: bool, head_dim: int,
+                 n_heads: int, split: bool | None, tile: int):
+        positions = np.ascontiguousarray(positions, np.int64)
+        lowest = np.maximum(positions - (window - 1), 0) if window else np.zeros_like(positions)
+        if tail_rows is None:
+            tail, shared_end = _NO_TAIL, NO_TREE
+        else:
+            tail = np.ascontiguousarray(tail_rows, np.int64)
+        operands, n_kv, n_rows = _operands(bits, keys, values)
+        self.n_queries, self.n_heads, self.head_dim, self.n_kv = n_queries, n_heads, head_dim, n_kv
+        self.driver = None
+        if n_queries == 0:
+            return
+        # the kernels index without bounds checks: refuse what would read outside the store
+        reach = (int(positions.max()) // BLOCK + 1) * BLOCK if not ring_blocks else ring_blocks * BLOCK
+        if reach > n_rows or positions.min() < 0 or (tail_rows is not None and tail.size
+                                                      and (tail.min() < 0 or tail.max() >= n_rows)):
+            raise IndexError(f"attention over rows beyond the store's {n_rows}")
+        tile = max(1, min(int(tile), n_queries))
+        self.tile, self.positions, self.lowest, self.rotate = tile, positions, lowest, bool(rotate)
+        self.norm = F(1.0 / np.sqrt(head_dim))
+        self.before_slot = (tile, bits, group_len, *operands)
+        self.after_slot = (int(n_kv), int(n_rows), positions, lowest, int(ring_blocks), int(shared_end), tail,
+                           F(scale), bool(rotate), self.norm)
+        if split is None:
+            # a speed choice only: split one query's chunks across threads when there are few
+            # queries and long contexts; run one thread when the work is tiny
+            chunk_span = int((positions // CHUNK_ROWS).max() - (lowest // CHUNK_ROWS).min()) + 1
+            split = n_queries * n_kv < 4 * get_num_threads() and chunk_span > 1
+            if not split:
+                work = int((positions // BLOCK - lowest // BLOCK + 1).sum()) * n_kv
+                self.driver = _attend_rows_serial if work < SERIAL_WORK else _attend_rows
+                return
+        if not split:
+            self.driver = _attend_rows
+            return
+        n_tiles = -(-n_queries // tile)
+        pad = n_tiles * tile - n_queries
+        chunk_lo = np.pad(lowest // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).min(axis=1)
+        chunk_hi = np.pad(positions // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).max(axis=1)
+        n_chunks = chunk_hi - chunk_lo + 1                                               # (tiles,)
+        first_task = np.zeros(n_tiles + 1, np.int64)
+        np.cumsum(n_chunks, out=first_task[1:])
+        self.task_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), n_chunks)
+        self.task_chunk = np.arange(first_task[-1], dtype=np.int64) - first_task[self.task_tile] + \
+            chunk_lo[self.task_tile]
+        self.first_task, self.chunk_lo = first_task, np.ascontiguousarray(chunk_lo, np.int64)
+        self.n_tasks = int(first_task[-1]) * n_kv
+
+    def run(self, q, slot: int) -> np.ndarray:
+        """q (T, H, hd) of one layer over slot `slot` -> (T, H, hd) float32."""
+        q = np.ascontiguousarray(q, np.float32)
+        if q.shape != (self.n_queries, self.n_heads, self.head_dim):
+            raise ValueError(f"queries {q.shape} do not match the prepared "
+                             f"{(self.n_queries, self.n_heads, self.head_dim)}")
+        out = np.empty(q.shape, np.float32)
+        if self.n_queries == 0:
+            return out
+        if self.driver is not None:
+            self.driver(q, *self.before_slot, int(slot), *self.after_slot, out)
+            return out
+        group = self.n_heads // self.n_kv
+        part_m = np.empty((self.n_tasks, self.tile, group), np.float32)
+        part_l = np.empty((self.n_tasks, self.tile, group), np.float32)
+        part_acc = np.empty((self.n_tasks, self.tile, group, self.head_dim), np.float32)
+        _attend_chunks(q, *self.before_slot, int(slot), *self.after_slot, self.task_tile, self.task_chunk,
+                       part_m, part_l, part_acc)
+        merge = _merge_chunks if self.n_queries * self.n_kv >= SERIAL_MERGE else _merge_chunks_serial
+        merge(self.tile, self.first_task, self.chunk_lo, self.positions, self.lowest, part_m, part_l, part_acc,
+              self.rotate, self.norm, out)
+        return out
+
+
 def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, positions, window: int = 0,
            ring_blocks: int = 0, shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0,
            rotate: bool = False, split: bool | None = None, tile: int = TILE) -> np.ndarray:
     """Attention of q (T, H, hd) over slot `slot` of the stored sides `keys`, `values` (dicts of
-    (n_slots, n_kv, rows, ...) arrays: float modes `data` float32, int modes `codes` uint8 and
-    `scale`, `min` float16; bits 0 for the float modes, else the code width; group_len the
-    quantization group).
+    (n_slots, n_kv, rows, ...) arrays: fp32 `data` float32 (bits 0), fp16 `data` uint16 half
+    bits (bits 16), int modes `codes` uint8 and `scale`, `min` float16 (bits: the code width);
+    group_len the quantization group).
 
     positions (T,) logical; window 0 = every earlier position; ring_blocks: physical blocks
     of a ring (0: none); logical blocks >= shared_end are read from tail_rows (T, n) physical
@@ -673,55 +784,8 @@ def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, po
     same whatever they are. -> (T, H, hd) float32."""
     q = np.ascontiguousarray(q, np.float32)
     n_queries, n_heads, head_dim = q.shape
-    positions = np.ascontiguousarray(positions, np.int64)
-    lowest = np.maximum(positions - (window - 1), 0) if window else np.zeros_like(positions)
-    if tail_rows is None:
-        tail, shared_end = _NO_TAIL, NO_TREE
-    else:
-        tail = np.ascontiguousarray(tail_rows, np.int64)
-    operands, n_kv, n_rows = _operands(bits, keys, values)
-    out = np.empty((n_queries, n_heads, head_dim), np.float32)
-    if n_queries == 0:
-        return out
-    # the kernels index without bounds checks: refuse what would read outside the store
-    reach = (int(positions.max()) // BLOCK + 1) * BLOCK if not ring_blocks else ring_blocks * BLOCK
-    if reach > n_rows or positions.min() < 0 or (tail_rows is not None and tail.size
-                                                  and (tail.min() < 0 or tail.max() >= n_rows)):
-        raise IndexError(f"attention over rows beyond the store's {n_rows}")
-    tile = max(1, min(int(tile), n_queries))
-    common = (tile, bits, group_len, *operands, int(slot), int(n_kv), int(n_rows), positions, lowest,
-              int(ring_blocks), int(shared_end), tail, F(scale), bool(rotate), F(1.0 / np.sqrt(head_dim)))
-    if split is None:
-        # a speed choice only: split one query's chunks across threads when there are few
-        # queries and long contexts; run one thread when the work is tiny
-        chunk_span = int((positions // CHUNK_ROWS).max() - (lowest // CHUNK_ROWS).min()) + 1
-        split = n_queries * n_kv < 4 * get_num_threads() and chunk_span > 1
-        if not split:
-            work = int((positions // BLOCK - lowest // BLOCK + 1).sum()) * n_kv
-            (_attend_rows_serial if work < SERIAL_WORK else _attend_rows)(q, *common, out)
-            return out
-    if not split:
-        _attend_rows(q, *common, out)
-        return out
-    n_tiles = -(-n_queries // tile)
-    pad = n_tiles * tile - n_queries
-    chunk_lo = np.pad(lowest // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).min(axis=1)
-    chunk_hi = np.pad(positions // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).max(axis=1)
-    n_chunks = chunk_hi - chunk_lo + 1                                               # (tiles,)
-    first_task = np.zeros(n_tiles + 1, np.int64)
-    np.cumsum(n_chunks, out=first_task[1:])
-    task_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), n_chunks)
-    task_chunk = np.arange(first_task[-1], dtype=np.int64) - first_task[task_tile] + chunk_lo[task_tile]
-    n_tasks = int(first_task[-1]) * n_kv
-    group = n_heads // n_kv
-    part_m = np.empty((n_tasks, tile, group), np.float32)
-    part_l = np.empty((n_tasks, tile, group), np.float32)
-    part_acc = np.empty((n_tasks, tile, group, head_dim), np.float32)
-    _attend_chunks(q, *common, task_tile, task_chunk, part_m, part_l, part_acc)
-    merge = _merge_chunks if n_queries * n_kv >= SERIAL_MERGE else _merge_chunks_serial
-    merge(tile, first_task, np.ascontiguousarray(chunk_lo, np.int64), positions, lowest, part_m, part_l,
-          part_acc, bool(rotate), common[-1], out)
-    return out
+    return PreparedAttention(n_queries, bits, group_len, keys, values, positions, window, ring_blocks, shared_end,
+                             tail_rows, scale, rotate, head_dim, n_heads, split, tile).run(q, slot)
 
 
 def warm_up() -> None:
@@ -730,14 +794,14 @@ def warm_up() -> None:
     from tinyloop.backends.cpu_numba.kvstore import KVStorage, kv_write
 
     rng = np.random.default_rng(0)
-    for mode in ("fp32", "int4-h"):
+    for mode in ("fp32", "fp16", "int4-h"):
         storage = KVStorage(mode, 1, 1, 128, 16)
         kv_write(storage, 0, np.arange(128), rng.standard_normal((128, 1, 16)).astype(F),
                  rng.standard_normal((128, 1, 16)).astype(F))                 # threaded
         kv_write(storage, 0, slice(5, 6), rng.standard_normal((1, 1, 16)).astype(F),
                  rng.standard_normal((1, 1, 16)).astype(F))                     # one thread
         q = rng.standard_normal((2, 2, 16)).astype(F)
-        bits = 0 if mode == "fp32" else 4
+        bits = {"fp32": 0, "fp16": 16}.get(mode, 4)
         tail = np.arange(128, dtype=np.int64).reshape(2, 64)
         for split in (False, True):
             attend(q, bits, 16, storage.keys, storage.values, 0, [100, 127], 0, 0, 1, tail, 0.25, mode == "int4-h",

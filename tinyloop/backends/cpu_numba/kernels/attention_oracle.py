@@ -4,8 +4,8 @@ queries, kv heads and query heads, with explicit Python loops over every reduced
 the defined order (never np.sum, np.dot, matmul or a reduction NumPy may reorder). The
 tests compare the kernels with it bit for bit; nothing here runs on the product's path.
 
-It reads the stored arrays as the kernel does (float modes `data`, int modes packed
-`codes` with float16 `scale` and `min`), its own way: a query's keys are gathered by
+It reads the stored arrays as the kernel does (fp32 `data`, fp16 half bits `data`, int modes
+packed `codes` with float16 `scale` and `min`), its own way: a query's keys are gathered by
 logical position (the shared blocks, a ring's modulo, a draft tree's per-query rows).
 """
 from __future__ import annotations
@@ -41,6 +41,8 @@ def _dequantized(mode_bits: int, side: dict, slot: int, rows: np.ndarray, head_d
     """Stored rows (T, 64) of one side -> (T, n_kv, 64, hd) float32."""
     if mode_bits == 0:
         return side["data"][slot][:, rows, :head_dim].transpose(1, 0, 2, 3).astype(F)
+    if mode_bits == 16:                                                    # half bits: widened exactly
+        return side["data"][slot][:, rows].view(np.float16).transpose(1, 0, 2, 3).astype(F)
     packed = side["codes"][slot][:, rows]                                  # (n_kv, T, 64, bytes)
     if mode_bits == 8:
         codes = packed
@@ -75,7 +77,7 @@ def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 def attention(mode: str, q, keys: dict, values: dict, slot: int, positions, window: int = 0, ring_blocks: int = 0,
               shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0) -> np.ndarray:
     """q (T, H, hd) over the stored sides of `slot` -> (T, H, hd) float32, the kernel's definition."""
-    bits = {"fp32": 0, "fp16": 0, "int8": 8, "int4": 4, "int4-h": 4}[mode]
+    bits = {"fp32": 0, "fp16": 16, "int8": 8, "int4": 4, "int4-h": 4}[mode]
     q = np.asarray(q, F)
     n_queries, n_heads, head_dim = q.shape
     n_kv = next(iter(keys.values())).shape[1]

@@ -104,8 +104,10 @@ def _store_row(x, t, h, row_index, bits, levels, group_len, rotate, norm, codes,
             codes[base + i] = np.uint8(np.uint8(buffer[2 * i]) | (np.uint8(buffer[2 * i + 1]) << 4))
 
 
-def _write_py(x, rows, slot, n_kv, n_rows, bits, group_len, rotate, norm, data, stride, round_half, codes,
+def _write_py(x, rows, slot, n_kv, n_rows, bits, group_len, rotate, norm, data, stride, halves, codes,
               scales, mins):
+    """bits 0: float32 `data` (rows of `stride`); 16: half bits into `halves` (rows of hd);
+    else codes with f16 scales and mins."""
     n_tokens, _, head_dim = x.shape
     levels = (1 << bits) - 1
     for task in prange(n_tokens * n_kv):
@@ -116,8 +118,11 @@ def _write_py(x, rows, slot, n_kv, n_rows, bits, group_len, rotate, norm, data, 
         if bits == 0:
             base = row_index * stride
             for d in range(head_dim):
-                v = x[t, h, d]
-                data[base + d] = half_to_f32(np.uint16(half_bits(v))) if round_half else v
+                data[base + d] = x[t, h, d]
+        elif bits == 16:
+            base = row_index * head_dim
+            for d in range(head_dim):
+                halves[base + d] = np.uint16(half_bits(x[t, h, d]))
         else:
             _store_row(x, t, h, row_index, bits, levels, group_len, rotate, norm, codes, scales, mins, buffer)
 
@@ -130,27 +135,42 @@ _NO_CODES = np.zeros(1, np.uint8)
 _NO_HALF = np.zeros(1, np.uint16)
 
 
-def write(mode_bits: int, group_len: int, round_half: bool, rotate: bool, side: dict, slot: int, rows,
-          x: np.ndarray) -> None:
-    """x (T, n_kv, hd) stored at physical rows (a slice or a (T,) int array) of `slot` in one
-    side's arrays (float modes `data` (n_slots, n_kv, rows, hd [+ 1]) float32; int modes
-    `codes`, `scale`, `min`)."""
-    x = np.ascontiguousarray(x, np.float32)
-    n_tokens, n_kv, head_dim = x.shape
+def checked_rows(rows, n_tokens: int, n_rows: int) -> np.ndarray:
+    """Physical rows (a slice or a (T,) int array) as a checked (T,) int64 array: the kernel
+    stores without bounds checks."""
     if isinstance(rows, slice):
         start = rows.start or 0
         rows = np.arange(start, start + n_tokens if rows.stop is None else rows.stop)
     rows = np.ascontiguousarray(rows, np.int64).reshape(-1)
-    n_rows = (side["data"] if mode_bits == 0 else side["codes"]).shape[2]
     if rows.shape[0] != n_tokens or (n_tokens and (rows.min() < 0 or rows.max() >= n_rows)):
         raise IndexError(f"{n_tokens} rows to write at {rows.shape[0]} physical rows, of {n_rows}")
+    return rows
+
+
+def side_rows(mode_bits: int, side: dict) -> int:
+    return (side["data"] if mode_bits in (0, 16) else side["codes"]).shape[2]
+
+
+def write(mode_bits: int, group_len: int, rotate: bool, side: dict, slot: int, rows, x: np.ndarray,
+          checked: bool = False) -> None:
+    """x (T, n_kv, hd) stored at physical rows (a slice or a (T,) int array; checked=True: a
+    checked_rows array) of `slot` in one side's arrays (mode_bits 0: fp32 `data` (n_slots,
+    n_kv, rows, hd [+ 1]) float32; 16: fp16 `data` (n_slots, n_kv, rows, hd) uint16 half
+    bits, rounded to nearest even; int modes `codes`, `scale`, `min`)."""
+    x = np.ascontiguousarray(x, np.float32)
+    n_tokens, n_kv, head_dim = x.shape
+    n_rows = side_rows(mode_bits, side)
+    if not checked:
+        rows = checked_rows(rows, n_tokens, n_rows)
     norm = F(1.0 / np.sqrt(head_dim))
     if mode_bits == 0:
         data = side["data"]
-        args = (data.reshape(-1), data.shape[-1], bool(round_half), _NO_CODES, _NO_HALF, _NO_HALF)
+        args = (data.reshape(-1), data.shape[-1], _NO_HALF, _NO_CODES, _NO_HALF, _NO_HALF)
+    elif mode_bits == 16:
+        args = (_NO_FLOAT, 0, side["data"].reshape(-1), _NO_CODES, _NO_HALF, _NO_HALF)
     else:
         codes = side["codes"]
-        args = (_NO_FLOAT, 0, False, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
+        args = (_NO_FLOAT, 0, _NO_HALF, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
                 side["min"].reshape(-1).view(np.uint16))
     kernel = _write if n_tokens * n_kv >= PARALLEL_ROWS else _write_serial
     kernel(x, rows, int(slot), int(n_kv), int(n_rows), int(mode_bits), int(group_len), bool(rotate), norm, *args)

@@ -1,4 +1,5 @@
-"""The linear kernels' oracle: their arithmetic (kernels/linear.py) in NumPy, from the definition.
+"""The float linear kernels' oracle: their arithmetic (kernels/linear.py) in NumPy, from the definition
+(linear_oracle also routes quantized parts to the integer kernels' oracle, linear_int_oracle.py).
 
 Written apart from the kernels: codes come from model.quant.unpack_codes (not the kernels'
 float peeling of a byte), half weights from NumPy's own float16 conversion, no tiles, and
@@ -46,7 +47,15 @@ def float_oracle(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def linear_oracle(x: np.ndarray, parts, bias=None) -> np.ndarray:
-    """The fused linear of `parts` (as prepare_linear takes them) applied to x, + bias."""
-    outs = [quant_oracle(x, p) if isinstance(p, QuantizedTensor) else float_oracle(x, p) for p in parts]
+    """The fused linear of `parts` (as prepare_linear takes them) applied to x, + bias: quantized
+    parts by the integer kernels' definition where their group size allows it (a multiple of
+    4 columns), else by the float one."""
+    from tinyloop.backends.cpu_numba.kernels.linear_int_oracle import int_oracle, segment_length
+
+    def one(p):
+        if not isinstance(p, QuantizedTensor):
+            return float_oracle(x, p)
+        return int_oracle(x, p) if segment_length(p.group_size) % 4 == 0 else quant_oracle(x, p)
+    outs = [one(p) for p in parts]
     out = np.concatenate(outs, axis=1)
     return out if bias is None else out + np.asarray(bias, F)
