@@ -4,7 +4,7 @@
 // attention_<mode>: query t (logical position pos[t]) attends to the keys it sees, as
 // cuda/README.md "Attention geometry" says, reading the stored cache directly: a 64-key
 // block is dequantized into a shared tile (keys, then values), never into a float copy of
-// the cache. The twin is tinyloop/backends/cpu/twins/attention.py.
+// the cache. The twin is tinyloop/backends/reference/twins/attention.py.
 //
 // Partition (cuda/README.md "Attention: split context"): chunk c of every query is the
 // logical blocks [c S, (c + 1) S), S = ATT_CHUNK_BLOCKS, clipped to the query's own blocks

@@ -3,7 +3,7 @@
 // Exact arithmetic: kernels whose NumPy twin must agree bit for bit write their
 // float arithmetic with the round-to-nearest intrinsics below (never a*b+c, which
 // nvcc contracts into an FMA; g++ in the CPU harness runs with -ffp-contract=off),
-// in the order the twin (tinyloop/backends/cpu/twins/) spells out.
+// in the order the twin (tinyloop/backends/reference/twins/) spells out.
 //
 // Only <cuda_fp16.h> is included: NVRTC has no libc headers, and the CPU harness
 // supplies its own cuda_fp16.h. Integer types are the built-in ones.

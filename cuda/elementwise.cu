@@ -1,5 +1,5 @@
 // Per-row and elementwise kernels: embedding gather, residual add, RMSNorm, LayerNorm,
-// interleaved RoPE, SwiGLU, GELU (tanh). Twin: tinyloop/backends/cpu/twins/elementwise.py.
+// interleaved RoPE, SwiGLU, GELU (tanh). Twin: tinyloop/backends/reference/twins/elementwise.py.
 // Launch geometry: tinyloop/backends/cuda/launch/elementwise.py.
 //
 // Every float operation is an explicit round-to-nearest intrinsic (common.cuh) in the

@@ -2,8 +2,8 @@
 //
 // kv_write_<mode>: one launch stores a forward's new keys AND values (blockIdx.z picks the
 // side) at physical rows rows[t] of layer instance `slot`, in the layouts of cuda/README.md.
-// The int modes reproduce IntStore.quantize (backends/cpu/kvstore.py) bit for bit; the
-// twin is tinyloop/backends/cpu/twins/kv.py.
+// The int modes reproduce IntStore.quantize (backends/reference/kvstore.py) bit for bit; the
+// twin is tinyloop/backends/reference/twins/kv.py.
 //
 // Geometry (launch/kv.py): grid (T, n_kv, 2), block KV_THREADS, dynamic shared
 // (hd + 2 * groups) floats. One block quantizes one (token, kv head, side) row of hd values:

@@ -1,13 +1,13 @@
 // Sampling support on the device: greedy ids, top-k candidates, log-normalizers, so a
 // decode step moves T ids or T x k candidates to the host instead of T x V logits.
-// Twin: tinyloop/backends/cpu/twins/sampling.py. Launch: launch/sampling.py.
+// Twin: tinyloop/backends/reference/twins/sampling.py. Launch: launch/sampling.py.
 //
 // Ranking. Every logit gets a 64-bit rank key: the float's order key in the high word
 // (larger value -> larger key; -0 counts as +0; every NaN ranks above +inf, as in np.argmax
 // and np.sort), 0xFFFFFFFF - id in the low word (ties go to the lower id). Keys are
 // distinct within a row, so "the k largest keys" is one exact set whatever the thread
 // order: argmax is the largest key, top-k the k largest in descending order, which is
-// tinyloop.backends.cpu.topk.top_k_ids on NaN-free rows.
+// tinyloop.backends.reference.topk.top_k_ids on NaN-free rows.
 #include "common.cuh"
 
 #define TL_ROW_THREADS 256                   // argmax_rows, logsumexp_rows

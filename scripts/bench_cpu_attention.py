@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tinyloop.backends.cpu_numba.attention import attention as new_attention  # noqa: E402
-from tinyloop.backends.cpu_numba.kernels.attention import warm_up  # noqa: E402
-from tinyloop.backends.cpu_numba.kvstore import KVStorage, kv_write  # noqa: E402
+from tinyloop.backends.cpu.attention import attention as new_attention  # noqa: E402
+from tinyloop.backends.cpu.kernels.attention import warm_up  # noqa: E402
+from tinyloop.backends.cpu.kvstore import KVStorage, kv_write  # noqa: E402
 from tinyloop.limits import ATTENTION_BLOCK  # noqa: E402
 from tinyloop.model.plan import Geometry, build_plan  # noqa: E402
 

@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tinyloop.backends.cpu_numba.linear import linear, prepare_linear  # noqa: E402
+from tinyloop.backends.cpu.linear import linear, prepare_linear  # noqa: E402
 from tinyloop.convert.pull import default_model_path  # noqa: E402
 from tinyloop.model.modelfile import ModelFile  # noqa: E402
 from tinyloop.model.quant import QuantizedTensor, dequantize  # noqa: E402

@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
-from tinyloop.backends.cpu_numba.kernels import rows
-from tinyloop.backends.cpu_numba.positions import inv_frequencies
-from tinyloop.backends.cpu_numba.topk import top_k_ids
+from tinyloop.backends.cpu.kernels import rows
+from tinyloop.backends.cpu.positions import inv_frequencies
+from tinyloop.backends.cpu.topk import top_k_ids
 
 F = np.float32
 D, FFN, HEADS, HEAD_DIM, VOCAB, TOP_K = 576, 1536, 9, 64, 49152, 8

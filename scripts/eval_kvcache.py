@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tinyloop.backends.cpu import CpuBackend  # noqa: E402
+from tinyloop.backends.reference import NumpyBackend  # noqa: E402
 from tinyloop.convert.pull import ensure_default_model  # noqa: E402
 from tinyloop.kv.cache import KVCache  # noqa: E402
 from tinyloop.model.config import ModelConfig  # noqa: E402
@@ -91,7 +91,7 @@ def main():
     print(f"\ndoc-407m at 8 loops ({slots} layer instances, n_kv {config.n_kv_heads}, head_dim {config.head_dim}), "
           "4096-token context:")
     for mode in MODES:
-        backend = CpuBackend()
+        backend = NumpyBackend()
         cache = KVCache(backend, slots, config.n_kv_heads, config.head_dim, 4096, mode)
         print(f"  {mode:<7} {cache.nbytes / 2**30:7.3f} GiB "
               f"({backend.kv_bytes_per_row(mode, config.n_kv_heads, config.head_dim)} bytes per token per "

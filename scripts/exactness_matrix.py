@@ -18,7 +18,7 @@ next. Each configuration below runs `pytest -m exactness` in a fresh process wit
 The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported: a
 core type OpenBLAS maps to kernels already tested is listed, not run twice.
 
-Then the compiled CPU kernels (backends/cpu_numba) across compile targets: numba compiles
+Then the compiled CPU kernels (backends/cpu) across compile targets: numba compiles
 them for the CPU it runs on unless NUMBA_CPU_NAME names another target, and the integer
 kernels pick their instructions by the target (AVX2, SSSE3 or portable code, kernels/simd.py).
 scripts/logit_fingerprint.py writes the logits of every forward path (prefill, decode, verify,

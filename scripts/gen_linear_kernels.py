@@ -1,4 +1,4 @@
-"""Write tinyloop/backends/cpu_numba/kernels/linear_generated.py: the linear kernels, unrolled.
+"""Write tinyloop/backends/cpu/kernels/linear_generated.py: the linear kernels, unrolled.
 
 Why generated: numba vectorises a loop over 16 outputs well only when it is written out
 (LLVM's SLP vectoriser packs the 16 isomorphic statements into one AVX-512 or two AVX2
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-TARGET = Path(__file__).resolve().parent.parent / "tinyloop" / "backends" / "cpu_numba" / "kernels" / "linear_generated.py"
+TARGET = Path(__file__).resolve().parent.parent / "tinyloop" / "backends" / "cpu" / "kernels" / "linear_generated.py"
 TILE = 16                       # outputs per tile (kernels/linear.py TILE)
 ROW_BLOCKS = (4, 1)             # rows sharing one unpack of a weight byte, then single rows
 # int2 unpacks 4 codes a byte: blocks of 2 rows keep its written-out loop (and numba's compile
@@ -148,7 +148,7 @@ def source() -> str:
              "import numpy as np",
              "from numba import njit, prange",
              "",
-             "from tinyloop.backends.cpu_numba.kernels.halves import half_to_float",
+             "from tinyloop.backends.cpu.kernels.halves import half_to_float",
              "",
              "F = np.float32",
              "ROW_CHUNK = 64                  # rows of x one task reads (in L2 beside its weight tile)",

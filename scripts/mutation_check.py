@@ -56,7 +56,7 @@ TARGETS = {
     "auth": ("asgi/auth.py", ["tests/test_auth.py", "tests/test_server_asgi.py", "tests/test_faults.py",
                               "tests/test_security.py"]),
     "kvmodes": ("tinyloop/kv/modes.py", ["tests/test_kv_codecs.py", "tests/test_kvcache.py"]),
-    "kvstore": ("tinyloop/backends/cpu/kvstore.py", ["tests/test_kv_codecs.py", "tests/test_kvcache.py"]),
+    "kvstore": ("tinyloop/backends/reference/kvstore.py", ["tests/test_kv_codecs.py", "tests/test_kvcache.py"]),
     "quant_blocks": ("tinyloop/convert/quant_blocks.py", ["tests/test_gguf_blocks.py", "tests/test_convert.py"]),
     "from_gguf": ("tinyloop/convert/from_gguf.py", ["tests/test_gguf_blocks.py", "tests/test_convert.py"]),
     "engine": ("tinyloop/engine/engine.py", ["tests/test_engine_admission.py", "tests/test_engine_seam.py"]),

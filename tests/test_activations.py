@@ -8,6 +8,7 @@ import pytest
 from test_cuda_backend import cuda_backend
 
 from asgi.settings import Settings
+from tinyloop.backends.reference import NumpyBackend
 from tinyloop.backends.select import select_backend
 from tinyloop.cli import main
 from tinyloop.engine.decode import prefill
@@ -59,8 +60,8 @@ def test_the_cuda_backend_follows_the_cpu_backend_under_fp16(tiny_files, preset)
     (A float one ulp apart can round to halves one half ulp apart, and that spreads: between
     backends fp16 logits differ about as much as fp16 and fp32 do, ~3e-4 of the largest here,
     against ~1e-5 at fp32. The kernels' rounding is pinned bit for bit in test_cuda_*.py.)"""
-    def backend(device, activations):
-        return select_backend("cpu", activations) if device == "cpu" else cuda_backend(activations=activations)
+    def backend(device, activations):                 # the CUDA kernels' twins are the NumPy reference's
+        return NumpyBackend(activations=activations) if device == "cpu" else cuda_backend(activations=activations)
 
     runs = {(device, a): logits_of_a_short_run(load_model(tiny_files[preset], backend(device, a)).model, PROMPT)
             for device in ("cpu", "cuda") for a in ("fp32", "fp16")}
@@ -77,9 +78,10 @@ def test_the_cuda_backend_follows_the_cpu_backend_under_fp16(tiny_files, preset)
 def test_a_long_prefill_runs_on_tensor_cores_and_follows_the_cpu(tiny_files, preset, monkeypatch):
     """A 70-token prompt under fp16: the CUDA backend's prefill goes to linear_tc (x and the
     weights in half, float32 sums) and its logits stay within rounding of the CPU backend's
-    fp16 run (which keeps the weights in float32), with the same greedy tokens."""
+    fp16 run on the NumPy reference backend (which keeps the weights in float32), with the
+    same greedy tokens."""
     prompt = [int(t) for t in np.random.default_rng(70).integers(3, 500, 70)]
-    cpu = logits_of_a_short_run(load_model(tiny_files[preset], select_backend("cpu", "fp16")).model, prompt)
+    cpu = logits_of_a_short_run(load_model(tiny_files[preset], NumpyBackend(activations="fp16")).model, prompt)
     backend = cuda_backend(activations="fp16")
     if not backend.tensor_cores:
         pytest.skip("this GPU has no f16 mma (before sm_80)")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.attention import attention_over
+from tinyloop.backends.reference.attention import attention_over
 from tinyloop.model.plan import TreeRows
 
 pytestmark = pytest.mark.exactness

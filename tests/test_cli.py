@@ -53,14 +53,15 @@ def test_generate_stops_at_a_stop_string(tmp_path, capsys):
 def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch):
     """tiny-looped-gpt: 3 KV heads x 16 per layer instance. One token's keys and values
     together, by hand: packed fp16 2 x 3 x 16 x 2 bytes = 192; int4 2 x 3 x (16/2 codes +
-    4 bytes of f16 scale and min for the one 16-wide group) = 72. The CPU keeps fp16 as
-    float32 with a column of ones on the values: (3 x 16 + 3 x 17) x 4 = 396."""
+    4 bytes of f16 scale and min for the one 16-wide group) = 72. The CPU keeps fp32 with a
+    column of ones on the values: (3 x 16 + 3 x 17) x 4 = 396 (packed: 2 x 3 x 16 x 4 = 384)."""
     from tinyloop.backends.cuda import device as cuda_device
     path = tmp_path / "cli.tinyloop"
     main(["new-model", str(path), "--preset", "tiny-looped-gpt"])
     assert main(["info", str(path), "--loops", "2", "--context", "64", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "fp16       396 bytes per token per layer instance (packed: 192),     1584 per token" in out
+    assert "fp16       192 bytes per token per layer instance,      768 per token" in out
+    assert "fp32       396 bytes per token per layer instance (packed: 384),     1584 per token" in out
     assert "int4        72 bytes per token per layer instance,      288 per token" in out
     monkeypatch.setattr(cuda_device, "cuda_unavailable", lambda: "CuPy is not installed")
     assert main(["info", str(path), "--loops", "2", "--context", "64", "--device", "cuda"]) == 0

@@ -7,12 +7,12 @@ import numba
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu_numba import CpuBackend
-from tinyloop.backends.cpu_numba.kernels import attention as kernel
-from tinyloop.backends.cpu_numba.kernels import attention_oracle as oracle
-from tinyloop.backends.cpu_numba.kernels.lanes import dot16_numpy
-from tinyloop.backends.cpu_numba.kernels.rotation import rotate
-from tinyloop.backends.cpu_numba.kvstore import KVStorage, kernel_bits, kv_write
+from tinyloop.backends.cpu import CpuBackend
+from tinyloop.backends.cpu.kernels import attention as kernel
+from tinyloop.backends.cpu.kernels import attention_oracle as oracle
+from tinyloop.backends.cpu.kernels.lanes import dot16_numpy
+from tinyloop.backends.cpu.kernels.rotation import rotate
+from tinyloop.backends.cpu.kvstore import KVStorage, kernel_bits, kv_write
 from tinyloop.kv.modes import group_size, hadamard
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
@@ -262,7 +262,7 @@ KV_WRITE_CASES = [(mode, head_dim) for mode in MODES for head_dim in (8, 48, 64,
 @pytest.mark.parametrize("n_tokens", [1, 5, 70])
 def test_kv_write_kernel_equals_the_numpy_stores(mode, head_dim, n_tokens):
     """kvstore.kv_write (compiled) == store_for(mode).store of the (FWHT-rotated) rows, every byte."""
-    from tinyloop.backends.cpu_numba.kvstore import store_for
+    from tinyloop.backends.cpu.kvstore import store_for
     rng = np.random.default_rng(head_dim * 100 + n_tokens)
     got, want = (KVStorage(mode, 2, 3, 128, head_dim) for _ in range(2))
     rows = rng.permutation(128)[:n_tokens]
@@ -278,7 +278,7 @@ def test_kv_write_kernel_equals_the_numpy_stores(mode, head_dim, n_tokens):
 def test_half_bits_rounds_as_numpy_does():
     from numba import njit
 
-    from tinyloop.backends.cpu_numba.kernels.kv import half_bits
+    from tinyloop.backends.cpu.kernels.kv import half_bits
 
     @njit
     def narrow(x):
@@ -305,8 +305,8 @@ def test_half_bits_rounds_as_numpy_does():
 def test_the_fp16_mode_stores_half_bits_in_two_bytes_a_value():
     """fp16 keeps IEEE half bits (uint16), half the NumPy backend's float32 arrays of half values,
     and the bytes per row the pool sizes caches by say so."""
-    from tinyloop.backends.cpu.kvstore import bytes_per_row as numpy_bytes_per_row
-    from tinyloop.backends.cpu_numba.kvstore import bytes_per_row
+    from tinyloop.backends.reference.kvstore import bytes_per_row as numpy_bytes_per_row
+    from tinyloop.backends.cpu.kvstore import bytes_per_row
     rng = np.random.default_rng(31)
     storage = KVStorage("fp16", 1, 2, 128, 64)
     x = rng.standard_normal((3, 2, 64)).astype(F)

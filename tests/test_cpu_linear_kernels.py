@@ -1,4 +1,4 @@
-"""The CPU linear kernels (backends/cpu_numba/kernels/linear*.py) against their NumPy oracle, bit for bit,
+"""The CPU linear kernels (backends/cpu/kernels/linear*.py) against their NumPy oracle, bit for bit,
 and the row invariance every path of the engine stands on."""
 import subprocess
 import sys
@@ -8,9 +8,9 @@ import numba
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu_numba.kernels.halves import half_to_float
-from tinyloop.backends.cpu_numba.kernels.linear_oracle import linear_oracle
-from tinyloop.backends.cpu_numba.linear import linear, prepare_linear
+from tinyloop.backends.cpu.kernels.halves import half_to_float
+from tinyloop.backends.cpu.kernels.linear_oracle import linear_oracle
+from tinyloop.backends.cpu.linear import linear, prepare_linear
 from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
 
 pytestmark = pytest.mark.slow      # the experimental numba backend (TINYLOOP_CPU_KERNELS=numba): -m slow
@@ -155,7 +155,7 @@ def test_the_numba_backend_gives_a_row_the_same_bits_in_prefill_decode_and_verif
     """End to end on the experimental backend (TINYLOOP_CPU_KERNELS=numba): the logits of a
     position are the same bits whether it was in the prompt's prefill, a decode step or a
     5-row verify pass, for a looped model with RoPE and GQA."""
-    from tinyloop.backends.cpu_numba import CpuBackend
+    from tinyloop.backends.cpu import CpuBackend
     from tinyloop.model.loader import load_model
     from tinyloop.model.testmodels import make_test_model
     path = tmp_path / "tiny.tinyloop"
@@ -177,9 +177,9 @@ def test_the_cpu_kernels_setting_chooses_the_backend(monkeypatch):
     from tinyloop.backends.select import cpu_backend_class
     from tinyloop.errors import TinyLoopError
     monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "numba")
-    assert cpu_backend_class().__module__.startswith("tinyloop.backends.cpu_numba")
+    assert cpu_backend_class().__module__.startswith("tinyloop.backends.cpu")
     monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "NumPy")
-    assert cpu_backend_class().__module__.startswith("tinyloop.backends.cpu.")
+    assert cpu_backend_class().__module__.startswith("tinyloop.backends.reference.")
     monkeypatch.setenv("TINYLOOP_CPU_KERNELS", "blas")
     with pytest.raises(TinyLoopError, match="TINYLOOP_CPU_KERNELS must be one of numpy, numba, got 'blas'"):
         cpu_backend_class()

@@ -1,4 +1,4 @@
-"""The CPU backend's compiled row kernels (backends/cpu_numba/kernels: norms, activations, rope,
+"""The CPU backend's compiled row kernels (backends/cpu/kernels: norms, activations, rope,
 topk, fmath, rows_f64) against their NumPy oracles, bit for bit; a row alone against the
 same row inside a batch (serial and threaded drivers); accuracy against float64 NumPy;
 the same bits under other numba compile targets (NUMBA_CPU_NAME)."""
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tinyloop.backends.cpu_numba import CpuBackend
-from tinyloop.backends.cpu_numba import activations, norms, positions, topk
-from tinyloop.backends.cpu_numba.kernels import activations as act_kernels
-from tinyloop.backends.cpu_numba.kernels import activations_oracle, fmath, fmath_oracle, norms_oracle
-from tinyloop.backends.cpu_numba.kernels import norms as norm_kernels
-from tinyloop.backends.cpu_numba.kernels import rope as rope_kernels
-from tinyloop.backends.cpu_numba.kernels import rope_oracle, rows, rows_f64, rows_f64_oracle, topk_oracle
-from tinyloop.backends.cpu_numba.kernels import topk as topk_kernels
-from tinyloop.backends.cpu.twins import sampling as sampling_twin
+from tinyloop.backends.cpu import CpuBackend
+from tinyloop.backends.cpu import activations, norms, positions, topk
+from tinyloop.backends.cpu.kernels import activations as act_kernels
+from tinyloop.backends.cpu.kernels import activations_oracle, fmath, fmath_oracle, norms_oracle
+from tinyloop.backends.cpu.kernels import norms as norm_kernels
+from tinyloop.backends.cpu.kernels import rope as rope_kernels
+from tinyloop.backends.cpu.kernels import rope_oracle, rows, rows_f64, rows_f64_oracle, topk_oracle
+from tinyloop.backends.cpu.kernels import topk as topk_kernels
+from tinyloop.backends.reference.twins import sampling as sampling_twin
 
 pytestmark = pytest.mark.slow      # the experimental numba backend (TINYLOOP_CPU_KERNELS=numba): -m slow
 
@@ -475,8 +475,8 @@ def test_warm_up_compiles_every_kernel():
 DIGEST_SCRIPT = r"""
 import hashlib, json, sys
 import numpy as np
-from tinyloop.backends.cpu_numba import activations, norms, positions, topk
-from tinyloop.backends.cpu_numba.kernels import rows
+from tinyloop.backends.cpu import activations, norms, positions, topk
+from tinyloop.backends.cpu.kernels import rows
 
 rng = np.random.default_rng(0)
 F = np.float32

@@ -1,4 +1,4 @@
-"""The vector operations of the integer kernels (backends/cpu_numba/kernels/simd.py) against
+"""The vector operations of the integer kernels (backends/cpu/kernels/simd.py) against
 their definitions, written here in NumPy, over random and extreme bytes; and the same bits
 under every lowering (AVX2, SSSE3, portable IR), each compiled in a process of its own."""
 import hashlib
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tinyloop.backends.cpu_numba.kernels import simd
+from tinyloop.backends.cpu.kernels import simd
 
 pytestmark = pytest.mark.slow      # the numba backend's kernels: -m slow
 
@@ -122,9 +122,9 @@ def test_nibble_and_crumb_fields():
 _FINGERPRINT = """
 import hashlib, numpy as np
 from numba import njit
-from tinyloop.backends.cpu_numba.kernels import simd
-from tinyloop.backends.cpu_numba.kernels.simd import FEATURES, LOWERING
-from tinyloop.backends.cpu_numba.linear import linear, prepare_linear
+from tinyloop.backends.cpu.kernels import simd
+from tinyloop.backends.cpu.kernels.simd import FEATURES, LOWERING
+from tinyloop.backends.cpu.linear import linear, prepare_linear
 from tinyloop.model.quant import quantize_rtn
 rng = np.random.default_rng(7)
 digest = hashlib.sha256()

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_cuda_kv import F
 
-from tinyloop.backends.cpu import CpuBackend
-from tinyloop.backends.cpu.twins import attention as twin
-from tinyloop.backends.cpu.twins import kv as twin_kv
+from tinyloop.backends.reference import NumpyBackend
+from tinyloop.backends.reference.twins import attention as twin
+from tinyloop.backends.reference.twins import kv as twin_kv
 from tinyloop.backends.cuda.launch import attention as launch
 from tinyloop.backends.cuda.launch.kv import DeviceKV
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
@@ -60,11 +60,11 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
 
 def cpu_attention(kv, q, slot, plan, scale):
     """The CPU backend's attention over the very same stored values."""
-    storage = CpuBackend().kv_storage(kv.mode, kv.n_slots, kv.n_kv, kv.rows, kv.head_dim)
+    storage = NumpyBackend().kv_storage(kv.mode, kv.n_slots, kv.n_kv, kv.rows, kv.head_dim)
     for mine, theirs in ((kv.keys, storage.keys), (kv.values, storage.values)):
         for name, array in mine.items():
             theirs[name][..., :array.shape[-1]] = array
-    return CpuBackend().attention(q, storage, slot, plan, scale)
+    return NumpyBackend().attention(q, storage, slot, plan, scale)
 
 
 def bits_equal(a, b) -> bool:

@@ -16,6 +16,7 @@ import pytest
 from test_model import random_config
 from test_tree_verify import check_tree_against_paths
 
+from tinyloop.backends.reference import NumpyBackend
 from tinyloop.backends.cuda.backend import CudaBackend
 from tinyloop.backends.cuda.compile import kernel_path
 from tinyloop.engine.decode import prefill
@@ -84,10 +85,10 @@ def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp
                          + [(f"{p} int{b}", "fp16") for p in ("tiny-looped", "tiny-looped-gpt") for b in (4, 8)])
 def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
     """Prefill (bulk kernels) and three decode steps (row kernels): logits within float
-    rounding of the CPU backend's, and the same greedy tokens. The two backends round
+    rounding of the NumPy reference backend's (the CUDA kernels' twins), and the same greedy tokens. The two backends round
     differently (warp-order sums against BLAS), so in a quantized cache a value near a
     code boundary can land one code apart: the tolerance grows with the code step."""
-    models = [load_model(tiny_files[preset], device, kv_mode=mode).model for device in ("cpu", cuda_backend())]
+    models = [load_model(tiny_files[preset], device, kv_mode=mode).model for device in (NumpyBackend(), cuda_backend())]
     prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200]
     loops = models[0].config.default_loops
     results = []

@@ -4,8 +4,8 @@ tolerance), through the launchers the CUDA backend calls, on the kernel_device f
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu import activations, norms, positions
-from tinyloop.backends.cpu.twins import elementwise as twin
+from tinyloop.backends.reference import activations, norms, positions
+from tinyloop.backends.reference.twins import elementwise as twin
 from tinyloop.backends.cuda.launch import elementwise as launch
 
 F = np.float32

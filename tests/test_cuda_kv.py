@@ -7,8 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu import CpuBackend
-from tinyloop.backends.cpu.twins import kv as twin
+from tinyloop.backends.reference import NumpyBackend
+from tinyloop.backends.reference.twins import kv as twin
 from tinyloop.backends.cuda.launch import kv as launch
 from tinyloop.kv.modes import group_size, hadamard
 from tinyloop.model.plan import Geometry
@@ -66,7 +66,7 @@ def test_kv_write_equals_cpu_store(kernel_device, mode, n_kv, head_dim, n_tokens
     kv = device_kv(kernel_device, mode, n_slots, n_kv, rows, head_dim)
     write(kernel_device, kv, 1, write_rows, fused, k_cols, v_cols)
 
-    cpu = CpuBackend()
+    cpu = NumpyBackend()
     storage = cpu.kv_storage(mode, n_slots, n_kv, rows, head_dim)
     shape = (n_tokens, n_kv, head_dim)
     cpu.kv_write(storage, 1, types.SimpleNamespace(write_rows=write_rows),
@@ -105,7 +105,7 @@ def test_kv_write_int4h_equals_twin_and_approximates_cpu(kernel_device, n_kv, he
         for name in side:
             assert np.array_equal(side[name].view(np.uint8), want[name].view(np.uint8)), name
 
-    cpu = CpuBackend()
+    cpu = NumpyBackend()
     storage = cpu.kv_storage("int4-h", 2, n_kv, rows, head_dim)
     cpu.kv_write(storage, 0, types.SimpleNamespace(write_rows=write_rows), keys, values)
     g = group_size(head_dim)

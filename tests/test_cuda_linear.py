@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.backend import CpuBackend
-from tinyloop.backends.cpu.twins import linear as twin
+from tinyloop.backends.reference.backend import NumpyBackend
+from tinyloop.backends.reference.twins import linear as twin
 from tinyloop.backends.cuda.launch import linear as launch
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
@@ -176,7 +176,7 @@ def test_rows_kernel_close_to_cpu_backend(kernel_device, kind):
     parts = [weight_part(kind, rng, 12, n_in, act_order=kind.startswith("int")), weight_part(kind, rng, 7, n_in)]
     bias = rng.standard_normal(19).astype(np.float32)
     x = inputs(rng, 4, n_in)
-    cpu = CpuBackend()
+    cpu = NumpyBackend()
     expected = cpu.linear(x, cpu.prepare_linear(parts, bias), exact=True)
     got = run_kernel(kernel_device, parts, bias, x)
     assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)) + 1e-30)

@@ -3,8 +3,8 @@ a float64 log-sum-exp) and its twin, on the kernel_device fixture."""
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.topk import top_k_ids
-from tinyloop.backends.cpu.twins import sampling as twin
+from tinyloop.backends.reference.topk import top_k_ids
+from tinyloop.backends.reference.twins import sampling as twin
 from tinyloop.backends.cuda.launch import sampling as launch
 
 F = np.float32

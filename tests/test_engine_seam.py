@@ -9,8 +9,8 @@ import pytest
 from asgi_client import wait_until
 
 from tinyloop.backends.base import Backend
-from tinyloop.backends.cpu import CpuBackend
-from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.backends.reference import NumpyBackend
+from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.engine.decode import prefill
 from tinyloop.engine.engine import Engine, EngineFailed
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
@@ -26,15 +26,15 @@ from tinyloop.model.loader import load_model
 # ------------------------------------------------------------------------ the backend
 def test_the_cpu_backend_implements_the_whole_interface():
     abstract = {name for name, member in inspect.getmembers(Backend) if getattr(member, "__isabstractmethod__", False)}
-    assert abstract and not CpuBackend.__abstractmethods__
+    assert abstract and not NumpyBackend.__abstractmethods__
     for name in abstract:
-        assert inspect.signature(getattr(CpuBackend, name)).parameters.keys() == \
+        assert inspect.signature(getattr(NumpyBackend, name)).parameters.keys() == \
             inspect.signature(getattr(Backend, name)).parameters.keys(), name
 
 
 def test_device_side_greedy_and_top_k_match_the_host_reference():
     rng = np.random.default_rng(0)
-    backend = CpuBackend()
+    backend = NumpyBackend()
     logits = rng.standard_normal((5, 300)).astype(np.float32)
     logits[2, [7, 11, 40]] = logits[2].max() + 1.0                      # ties: the lowest id wins
     assert list(backend.argmax(logits)) == [int(np.argmax(row.astype(np.float64))) for row in logits]

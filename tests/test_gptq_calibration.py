@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tinyloop.backends.reference import NumpyBackend
 from tinyloop.model.loader import load_model
 from tinyloop.model.testmodels import make_test_model
 from tinyloop.quantize import pipeline
@@ -44,9 +45,10 @@ def calibrated(tmp_path_factory):
 
 
 def model_quantized_before(folder, linear, order):
-    """The float model with every linear calibrated before `linear` (in `order`) quantized."""
-    mixed = load_model(folder / "m.tinyloop", device="cpu", kv_mode="fp32")
-    quantized = load_model(folder / "q.tinyloop", device="cpu", kv_mode="fp32")
+    """The float model with every linear calibrated before `linear` (in `order`) quantized, on the
+    NumPy reference backend the quantizer calibrates on (float activations)."""
+    mixed = load_model(folder / "m.tinyloop", device=NumpyBackend(), kv_mode="fp32")
+    quantized = load_model(folder / "q.tinyloop", device=NumpyBackend(), kv_mode="fp32")
     for stage, index, sublayer in order[:order.index(linear)]:
         setattr(mixed.model.weights.layers[stage][index], sublayer,
                 getattr(quantized.model.weights.layers[stage][index], sublayer))

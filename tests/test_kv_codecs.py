@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu import CpuBackend
-from tinyloop.backends.cpu.kvstore import KVStorage, bytes_per_row, store_for
+from tinyloop.backends.reference import NumpyBackend
+from tinyloop.backends.reference.kvstore import KVStorage, bytes_per_row, store_for
 from tinyloop.kv.modes import check_mode, hadamard, packed_bytes_per_row
 
 
@@ -67,9 +67,9 @@ def test_int4_h_quantizes_the_hadamard_rotated_row_to_4_bits():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 2, 64)).astype(np.float32)
     x[:, :, 5] *= 40.0                                         # an outlier channel
-    storage = CpuBackend().kv_storage("int4-h", 1, 2, 64, 64)
+    storage = NumpyBackend().kv_storage("int4-h", 1, 2, 64, 64)
     assert storage.keys["codes"].shape[-1] == 32               # 4-bit codes, 2 per byte
-    CpuBackend().kv_write(storage, 0, SimpleNamespace(write_rows=slice(0, 6)), x, x)
+    NumpyBackend().kv_write(storage, 0, SimpleNamespace(write_rows=slice(0, 6)), x, x)
     restored = storage.key_store.rows(storage.keys, 0, np.arange(6)).transpose(1, 0, 2)    # (T, n_kv, hd)
     rotated = (x.astype(np.float64) @ sylvester(64)).astype(np.float32)
     expected = reference_int_codec(rotated, 4, 32)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from test_model import random_config
 
-from tinyloop.backends.cpu import CpuBackend
-from tinyloop.backends.cpu.kvstore import FloatStore, IntStore
+from tinyloop.backends.reference import NumpyBackend
+from tinyloop.backends.reference.kvstore import FloatStore, IntStore
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
 from tinyloop.engine.speculative import SpeculativeParams
 from tinyloop.errors import RequestError, TinyLoopError
@@ -140,7 +140,7 @@ def test_window_attention_matches_a_brute_force_softmax():
     window, total, hd = 50, 300, 16
     keys = rng.standard_normal((total, 2, hd)).astype(np.float32)
     values = rng.standard_normal((total, 2, hd)).astype(np.float32)
-    backend = CpuBackend()
+    backend = NumpyBackend()
     cache = KVCache(backend, 1, 2, hd, total, "fp32", window)
     assert cache.ring is not None
     for start in range(0, total, 40):                       # written in pieces, wrapping the ring

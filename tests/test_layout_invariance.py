@@ -7,9 +7,9 @@ fails here, by name. Run under every OpenBLAS core type by scripts/exactness_mat
 import numpy as np
 import pytest
 
-from tinyloop.backends.cpu.attention import attention_over, sequential_sum
-from tinyloop.backends.cpu.linear import linear
-from tinyloop.backends.cpu.norms import layer_norm, rms_norm
+from tinyloop.backends.reference.attention import attention_over, sequential_sum
+from tinyloop.backends.reference.linear import linear
+from tinyloop.backends.reference.norms import layer_norm, rms_norm
 from tinyloop.model.plan import TreeRows
 
 pytestmark = pytest.mark.exactness

@@ -1,7 +1,7 @@
 """The seam between the model and the hardware: a Backend owns its kernels.
 
 The model (model/transformer.py) and the engine call these methods and nothing else
-of an array library: a backend is NumPy on the CPU (backends/cpu/), CuPy with CUDA
+of an array library: a backend is NumPy on the CPU (backends/reference/), CuPy with CUDA
 RawKernels on a GPU. Arrays passed in and out are the backend's own ("device")
 arrays; the model only slices, reshapes and adds them.
 
@@ -12,7 +12,7 @@ storage (never a float copy of the whole cache in this interface), and how greed
 top-k candidates are found (so a step moves ids or K candidates to the host, not a
 whole vocabulary of logits).
 
-Exactness (ops doc in backends/cpu/__init__.py): on the exact path a row's result must
+Exactness (ops doc in backends/reference/__init__.py): on the exact path a row's result must
 not depend on how many rows share a call or where they came from. Every backend
 states how its kernels guarantee that.
 """

@@ -4,9 +4,9 @@
 auto: the CUDA backend when CuPy is installed and sees a GPU, else the CPU. The chosen
 backend's `description` says which and why; the server logs it at startup.
 
-On the CPU, `TINYLOOP_CPU_KERNELS=numba` chooses the experimental backend of our own
-compiled kernels (backends/cpu_numba/: row-invariant by construction, the weights kept
-packed); unset or `numpy`, the NumPy/OpenBLAS backend (backends/cpu/).
+On the CPU, `TINYLOOP_CPU_KERNELS=numba` (the default) chooses the backend of our own
+compiled kernels (backends/cpu/: row-invariant by construction, the weights kept packed);
+`numpy`, the NumPy/OpenBLAS reference backend (backends/reference/).
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ def activations_from_env() -> str:
 
 
 def cpu_backend_class():
-    """The CPU backend TINYLOOP_CPU_KERNELS names: numpy (default) or numba (experimental)."""
-    kernels = (os.environ.get("TINYLOOP_CPU_KERNELS") or "numpy").lower()
+    """The CPU backend TINYLOOP_CPU_KERNELS names: numba (default) or numpy (the reference)."""
+    kernels = (os.environ.get("TINYLOOP_CPU_KERNELS") or "numba").lower()
     if kernels not in CPU_KERNELS:
         raise TinyLoopError(f"TINYLOOP_CPU_KERNELS must be one of {', '.join(CPU_KERNELS)}, got {kernels!r}")
     if kernels == "numba":
-        from tinyloop.backends.cpu_numba import CpuBackend
-    else:
         from tinyloop.backends.cpu import CpuBackend
+    else:
+        from tinyloop.backends.reference import NumpyBackend as CpuBackend
     return CpuBackend
 
 
@@ -48,8 +48,8 @@ def select_backend(device: str | None = None, activations: str | None = None) ->
     activations = check_activations(activations) if activations else activations_from_env()
     half = ", fp16 activations" if activations == "fp16" else ""
     CpuBackend = cpu_backend_class()
-    if CpuBackend.__module__.startswith("tinyloop.backends.cpu_numba"):
-        half += ", numba kernels"
+    if CpuBackend.__module__.startswith("tinyloop.backends.reference"):
+        half += ", numpy reference kernels"
     if device == "cpu":
         return CpuBackend(description=f"cpu (TINYLOOP_DEVICE=cpu{half})", activations=activations)
     from tinyloop.backends.cuda.device import cuda_unavailable

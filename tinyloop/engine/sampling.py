@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.errors import RequestError
 
 MAX_TOP_LOGPROBS = 20

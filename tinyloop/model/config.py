@@ -48,7 +48,7 @@ class ModelConfig:
     mlp: str = "swiglu"
     positions: str = "rope"
     rope_theta: float = 10000.0
-    # RoPE frequency scaling (backends/cpu/positions.inv_frequencies): "llama3" (Llama 3.1 and
+    # RoPE frequency scaling (backends/reference/positions.inv_frequencies): "llama3" (Llama 3.1 and
     # later) slows the pairs whose wavelength exceeds rope_original_max_positions /
     # rope_low_freq_factor by rope_factor, keeps those shorter than rope_original_max_positions /
     # rope_high_freq_factor, and blends the band between.

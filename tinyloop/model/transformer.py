@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tinyloop.backends.cpu.positions import model_frequencies
+from tinyloop.backends.reference.positions import model_frequencies
 from tinyloop.kv.cache import KVCache, cache_bytes
 from tinyloop.limits import MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
@@ -207,7 +207,7 @@ class LoopedTransformer:
 
         tokens, positions: (T,) int. Returns logits (T, vocab), or (1, vocab) for the
         last position with last_only, on the backend. With exact=True the result for
-        each position is bitwise independent of T (backends/cpu/__init__.py).
+        each position is bitwise independent of T (backends/reference/__init__.py).
         """
         positions = np.asarray(positions, np.int64)
         plan = self.plan(positions, int(positions[0]), cache, exact)

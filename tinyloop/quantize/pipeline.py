@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinyloop.backends.reference import NumpyBackend
 from tinyloop.errors import TinyLoopError
 from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
@@ -63,7 +64,10 @@ class Quantizer:
             raise TinyLoopError(f"method must be rtn or gptq, got {method!r}")
         if act_order and method != "gptq":
             raise TinyLoopError("--act-order applies to --method gptq only")
-        self.loaded = load_model(source, device="cpu", kv_mode="fp32", activations="fp32")
+        # Calibration runs on the NumPy reference backend: it needs the dense float32 weights
+        # (GPTQ updates them column by column), and no exactness is claimed for it.
+        self.loaded = load_model(source, device=NumpyBackend("cpu (quantization: numpy reference kernels)"),
+                                 kv_mode="fp32")
         self.config = self.loaded.config
         self.bits, self.group_size, self.method = bits, group_size, method
         self.act_order, self.damp = act_order, damp

@@ -1,41 +1,33 @@
-"""The CPU backend: NumPy kernels of the forward pass (backend.py puts them behind the
-Backend interface of backends/base.py).
+"""The CPU backend: our own compiled kernels of the forward pass (kernels/, numba), behind the
+Backend interface of backends/base.py (backend.py).
 
-These are the reference implementations and the CPU path: each CUDA kernel in `cuda/`
-has its NumPy twin here, which is its specification.
+One arithmetic per row, whatever the path: prefill, decode, draft, verify, tree and batched
+rows call the same kernels, and a row's bits depend only on its own inputs and its absolute
+position, never on how many rows share the call, where its operands came from, which
+thread computes it, or which CPU (instruction set) runs it:
+- linear (linear.py, kernels/linear*.py): the weights as stored (packed codes, float32
+  scales and mins, or float weights) re-laid into 16-output tiles; each output summed over
+  its inputs in order; rows share the unpacked weights, never an accumulator;
+- attention (attention.py, kernels/attention.py): one query over its own keys, read from
+  the KV cache's storage in every mode, in 64-position blocks fixed by logical position,
+  merged in order; masked keys contribute nothing; a tree node sees its path's keys;
+- KV write (kvstore.py, kernels/kv.py), the int4-h rotation (kernels/rotation.py), norms,
+  RoPE, activations, argmax and top-k (kernels/rows.py and what it calls): per row, fixed
+  order.
+Why it holds (kernels/__init__.py): every sum's order is written in our code; threads split
+outputs or queries, never a sum; no fast-math (LLVM may neither reorder nor fuse into FMA,
+so vector code performs the scalar code's operations in order); no libm (exp, tanh, and the
+float64 exp, log, sin, cos of the RoPE table and the log-normalizer are our own). Each
+kernel has a NumPy oracle (kernels/*_oracle.py) the tests compare bit for bit, and
+scripts/logit_fingerprint.py writes the logits of every forward path, to compare compile
+targets (NUMBA_CPU_NAME) and CPUs bit for bit.
 
-Two flavours of the row-wise products exist:
-- `exact` (row-invariant): the result for one position does not depend on how many
-  positions share the call. Used by decode, draft and verify, so that a verify pass
-  over T positions equals T decode steps bit for bit.
-- `bulk`: full GEMM, fastest for the prompt's prefill, which every mode shares.
-
-The exact path's invariant: one arithmetic per row, whatever the path. For a given
-query row, every product and reduction receives operands of the same shape, strides,
-dtype and call pattern, whether the row comes from a plain decode step, a chain
-verify, a tree verify, a sliding window or a ring buffer:
-- linear: one gemv per row, (1, in) contiguous @ the layer's one (in, out) weight;
-- attention scores: one fixed-shape product per (KV head, query, block of 64 keys),
-  the query heads of the KV head's group together, (group, hd) @ (hd, 64), the key
-  block a C-contiguous (64, hd) matrix (a view of the cache, or a copy when its rows
-  were gathered from a ring, a tree path or a quantized store);
-- probability . value: one product per (KV head, query, block), (group, 64) @ a
-  C-contiguous (64, hd + 1) value block whose last column holds ones, so the same call
-  yields the block's probability sum;
-- block combine: a sum over the blocks strictly in index order (attention.sequential_sum);
-  blocks outside a query's range hold exact zeros, and x + 0 = x;
-- norms: sums over a row's own contiguous D values; everything else (RoPE's complex
-  product included) is elementwise.
-Why it holds: BLAS and NumPy choose a kernel, and so a summation order, from the call
-(shapes, strides, transposition, thread count), not from the values; layout.py gives
-every call the same strides, and the shapes depend only on the model. Alignment
-does not enter (measured under every OpenBLAS core type this project tests). The
-elementwise functions (exp, tanh, sqrt, division, the complex product) give each element
-the same bits wherever it sits in an array, and NumPy sums an axis that is not the
-innermost in index order. `tests/test_layout_invariance.py` pins each of these
-assumptions, and `scripts/exactness_matrix.py` re-runs the exactness tests under
-every OpenBLAS core type and NumPy SIMD level the CPU can execute.
+The default CPU backend (TINYLOOP_CPU_KERNELS=numba, or unset; backends/select.py).
+TINYLOOP_CPU_KERNELS=numpy chooses backends/reference/ (NumPy/OpenBLAS), kept as the
+reference implementation the tests compare against; reference/twins/ holds the NumPy twins
+of the CUDA kernels (cuda/*.cu).
 """
-from tinyloop.backends.cpu.backend import CpuBackend, DenseLinear
+from tinyloop.backends.cpu.backend import CpuBackend
+from tinyloop.backends.cpu.linear import PackedLinear
 
-__all__ = ["CpuBackend", "DenseLinear"]
+__all__ = ["CpuBackend", "PackedLinear"]

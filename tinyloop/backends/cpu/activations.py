@@ -1,27 +1,25 @@
-"""Elementwise activations (float32 in, float32 out)."""
+"""Elementwise activations (float32 in, float32 out).
+
+Compiled kernels (kernels/activations.py) on fmath.py's exp / tanh / silu: IEEE operations
+only, the same bits for an element wherever it sits and on every CPU. The NumPy oracle is
+kernels/activations_oracle.py.
+"""
 import numpy as np
 
-_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
-_GELU_CUBIC = np.float32(0.044715)
+from tinyloop.backends.cpu.kernels import rows as _kernels
+from tinyloop.backends.cpu.kernels.fmath_oracle import silu_f32
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    inner = _SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+    """GELU, tanh approximation (GPT-2's): (0.5 x) (1 + tanh(sqrt(2/pi) (x + ((0.044715 x) x) x)))."""
+    return _kernels.gelu(x)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x) = x / (1 + exp(-x))."""
-    out = np.negative(x)
-    np.exp(out, out=out)
-    out += np.float32(1.0)
-    np.divide(x, out, out=out)
-    return out
+    """x * sigmoid(x) = x / (1 + exp(-x)), fmath's silu_f32 (in NumPy: not on the hot path)."""
+    return silu_f32(x)
 
 
 def swiglu(up: np.ndarray, ffn_dim: int) -> np.ndarray:
     """up: (T, 2 ffn) = [gate | up] -> silu(gate) * up."""
-    out = silu(up[:, :ffn_dim])
-    out *= up[:, ffn_dim:]
-    return out
+    return _kernels.swiglu(up, ffn_dim)

@@ -1,142 +1,62 @@
-"""KV storage on the CPU: the NumPy twin of the CUDA KV kernels (quantize-and-store,
-read blocks for attention, row copies).
+"""KV storage of the numba backend, written by the compiled KV kernel (kernels/kv.py) and read
+in place by the attention kernel (kernels/attention.py).
 
-Arrays per side (keys, values), for n_slots layer instances and `rows` physical rows
-(a multiple of ATTENTION_BLOCK, so 64 consecutive rows are one contiguous (64, hd) block):
-- float modes: data (n_slots, n_kv, rows, hd) float32. The fp16 mode stores values
-  rounded to half precision in float32: the values a float16 array would hold (f16 ->
-  f32 is exact), so results are bit for bit those of a float16 cache, without turning
-  the whole visible cache into float32 at every step (that conversion alone cost about
-  1 ms per layer at 4k context on the development machine). It takes twice the
-  memory of float16, which `bytes_per_row` reports; a GPU backend stores float16.
-- int modes: codes (n_slots, n_kv, rows, hd * bits / 8) uint8, scale and min
-  (n_slots, n_kv, rows, groups) float16; value = code * scale + min (kv/modes.py).
-
-Values are read with a column of ones after their hd columns (stored so for the float
-modes, appended when dequantizing), so attention's probability . value product also
-yields each block's probability sum, in the same fixed-shape BLAS call.
-
-Every operation is per row and elementwise, so what a row reads back never depends on
-which other rows were written with it.
+The int modes and fp32 keep the NumPy backend's arrays (backends/reference/kvstore.py: the same
+layout and bytes per row; fp32's values keep their column of ones after hd, unread by the
+kernels). The fp16 mode stores what it says: IEEE half bits, (n_slots, n_kv, rows, hd)
+uint16 per side (HalfStore), widened exactly by the attention kernel as it reads a block,
+so a token costs 2 bytes a value, not the NumPy backend's 4 (its float32 arrays of half
+values): at 4k context that halves what a decode step reads from the cache. The values it
+gives are the same (a half widens to float32 exactly). The stores' `store` methods are the
+write kernel's oracle and serve tests and tools (read rows back).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
+from tinyloop.backends.reference.kvstore import FloatStore, IntStore  # noqa: F401
+from tinyloop.backends.reference.kvstore import KVStorage as NumpyKVStorage
+from tinyloop.backends.reference.kvstore import store_for as numpy_store_for
 from tinyloop.limits import ATTENTION_BLOCK
-from tinyloop.model.quant import pack_codes, unpack_codes
+from tinyloop.backends.cpu.kernels.kv import checked_rows, side_rows
+from tinyloop.backends.cpu.kernels.kv import write as write_rows
+from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
+
+HALF_BITS = 16                   # the kernels' "bits" of the fp16 mode's half store
 
 
-class FloatStore:
-    def __init__(self, round_to=None, ones: bool = False):
-        self.round_to = round_to                # np.float16 for the fp16 mode
-        self.ones = ones                        # the values side: a column of ones after hd
+class HalfStore:
+    """One side of the fp16 mode: half bits (n_slots, n_kv, rows, hd) uint16."""
 
-    def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
-        return n_kv * (head_dim + self.ones) * 4
-
-    def allocate(self, alloc, n_slots, n_kv, rows, head_dim) -> dict:
-        data = alloc((n_slots, n_kv, rows, head_dim + self.ones), np.float32)
-        if self.ones:
-            data[..., head_dim] = 1.0
-        # the same memory seen as 64-row blocks, for attention (not a separate array)
-        blocks = data.reshape(n_slots, n_kv, rows // ATTENTION_BLOCK, ATTENTION_BLOCK, head_dim + self.ones)
-        return {"data": data, "blocks": blocks}
-
-    def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
-        """x: (T, n_kv, hd) float32 written at physical rows (a slice or a (T,) array)."""
-        if self.round_to is not None:
-            x = x.astype(self.round_to)
-        head_dim = x.shape[-1]
-        arrays["data"][slot][:, rows, :head_dim] = x.transpose(1, 0, 2)
-
-    def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
-        """Physical blocks (a slice or an index array) -> (n_kv, n_blocks, BLOCK, hd [+ 1]) float32,
-        a view when `blocks` is a slice."""
-        return arrays["blocks"][slot][:, blocks]
-
-    def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
-        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
-        return arrays["data"][slot][:, rows]
-
-
-class IntStore:
-    def __init__(self, bits: int, ones: bool = False):
-        self.bits = bits
-        self.levels = (1 << bits) - 1
+    def __init__(self, ones: bool = False):
         self.ones = ones                        # the values side: reads append a column of ones
 
     def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
-        groups = head_dim // group_size(head_dim)
-        return n_kv * (head_dim * self.bits // 8 + groups * 4)       # codes + f16 scale + f16 min
+        return n_kv * head_dim * 2
 
     def allocate(self, alloc, n_slots, n_kv, rows, head_dim) -> dict:
-        groups = head_dim // group_size(head_dim)
-        return {"codes": alloc((n_slots, n_kv, rows, head_dim * self.bits // 8), np.uint8),
-                "scale": alloc((n_slots, n_kv, rows, groups), np.float16),
-                "min": alloc((n_slots, n_kv, rows, groups), np.float16)}
-
-    def quantize(self, x: np.ndarray):
-        """x: (..., hd) float32 -> codes (..., hd) uint8, scale, min (..., groups) float16."""
-        head_dim = x.shape[-1]
-        g = group_size(head_dim)
-        grouped = x.reshape(*x.shape[:-1], head_dim // g, g)                     # (..., groups, g)
-        low = grouped.min(axis=-1)
-        scale = ((grouped.max(axis=-1) - low) / np.float32(self.levels)).astype(np.float16)
-        offset = low.astype(np.float16)
-        # codes from the stored (f16) scale and min, so the error bound is half a step
-        scale32 = scale.astype(np.float32)[..., None]
-        safe = np.where(scale32 == 0, np.float32(1), scale32)
-        codes = np.clip(np.rint((grouped - offset.astype(np.float32)[..., None]) / safe), 0, self.levels)
-        return codes.astype(np.uint8).reshape(x.shape), scale, offset
-
-    def dequantize(self, codes, scale, offset) -> np.ndarray:
-        """codes (..., hd) uint8 with (..., groups) scale/min -> (..., hd) float32."""
-        head_dim = codes.shape[-1]
-        g = group_size(head_dim)
-        grouped = codes.reshape(*codes.shape[:-1], head_dim // g, g).astype(np.float32)
-        values = grouped * scale.astype(np.float32)[..., None] + offset.astype(np.float32)[..., None]
-        return values.reshape(codes.shape)
+        return {"data": alloc((n_slots, n_kv, rows, head_dim), np.uint16)}
 
     def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
-        codes, scale, offset = self.quantize(x.transpose(1, 0, 2))               # (n_kv, T, ...)
-        n_kv, count, head_dim = codes.shape
-        packed = pack_codes(codes.reshape(n_kv * count, head_dim), self.bits).reshape(n_kv, count, -1)
-        arrays["codes"][slot][:, rows] = packed
-        arrays["scale"][slot][:, rows] = scale
-        arrays["min"][slot][:, rows] = offset
+        """x: (T, n_kv, hd) float32 rounded to half (NumPy's round-to-nearest-even) at physical rows."""
+        arrays["data"][slot][:, rows] = x.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
 
-    def _load(self, arrays: dict, slot: int, index) -> np.ndarray:
-        """index applied to the row axis of every array -> float32 (n_kv, *lead, hd)."""
-        packed = arrays["codes"][slot][index]                                    # (n_kv, *lead, bytes)
-        lead = packed.shape[:-1]
-        head_dim = packed.shape[-1] * 8 // self.bits
-        codes = unpack_codes(packed.reshape(-1, packed.shape[-1]), self.bits).reshape(*lead, head_dim)
-        values = self.dequantize(codes, arrays["scale"][slot][index], arrays["min"][slot][index])
+    def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
+        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
+        values = arrays["data"][slot][:, rows].view(np.float16).astype(np.float32)
         if self.ones:
-            values = np.concatenate([values, np.ones(lead + (1,), np.float32)], axis=-1)
+            values = np.concatenate([values, np.ones(values.shape[:-1] + (1,), np.float32)], axis=-1)
         return values
 
     def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
-        n_kv, rows = arrays["codes"].shape[1:3]
-        if isinstance(blocks, slice):
-            index = (slice(None), slice(blocks.start * ATTENTION_BLOCK, blocks.stop * ATTENTION_BLOCK))
-            flat = self._load(arrays, slot, index)                               # (n_kv, nb * BLOCK, hd)
-        else:
-            row_index = (np.asarray(blocks)[:, None] * ATTENTION_BLOCK + np.arange(ATTENTION_BLOCK)).ravel()
-            flat = self._load(arrays, slot, (slice(None), row_index))
-        return flat.reshape(n_kv, -1, ATTENTION_BLOCK, flat.shape[-1])
-
-    def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
-        return self._load(arrays, slot, (slice(None), rows))
+        rows = arrays["data"].shape[2]
+        index = np.arange(rows).reshape(-1, ATTENTION_BLOCK)[blocks]                     # (n_blocks, 64)
+        return self.rows(arrays, slot, index)
 
 
 def store_for(mode: str, ones: bool = False):
     check_mode(mode)
-    if mode in CODE_BITS:
-        return IntStore(CODE_BITS[mode], ones)
-    return FloatStore(np.float16 if mode == "fp16" else None, ones)
+    return HalfStore(ones) if mode == "fp16" else numpy_store_for(mode, ones)
 
 
 def bytes_per_row(mode: str, n_kv: int, head_dim: int) -> int:
@@ -144,8 +64,13 @@ def bytes_per_row(mode: str, n_kv: int, head_dim: int) -> int:
     return store_for(mode).bytes_per_row(n_kv, head_dim) + store_for(mode, True).bytes_per_row(n_kv, head_dim)
 
 
-class KVStorage:
-    """One request's keys and values on the CPU: both sides' arrays, and the int4-h rotation."""
+def kernel_bits(mode: str) -> int:
+    """What the kernels call a mode: 0 float32, 16 half bits, else the code width."""
+    return HALF_BITS if mode == "fp16" else CODE_BITS.get(mode, 0)
+
+
+class KVStorage(NumpyKVStorage):
+    """One request's keys and values: the NumPy backend's storage, fp16 as half bits."""
 
     def __init__(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
         alloc = alloc or (lambda shape, dtype: np.zeros(shape, dtype))
@@ -155,10 +80,20 @@ class KVStorage:
         self.values = self.value_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
         self.rotation = hadamard(head_dim) if mode == "int4-h" else None      # (hd, hd)
 
-    @property
-    def nbytes(self) -> int:
-        return int(sum(a.nbytes for a in self.arrays()))
 
-    def arrays(self):
-        """Every stored array once (a float store's block view is the same memory as its data)."""
-        return [a for side in (self.keys, self.values) for name, a in side.items() if name != "blocks"]
+def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray, prepared: dict | None = None
+             ) -> None:
+    """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
+    by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first).
+    Its oracle is the NumPy stores (store_for(mode).store of the rotated rows). prepared (a
+    plan's dict): the checked rows are kept there for the forward's other layers."""
+    bits = kernel_bits(storage.mode)
+    group_len = group_size(storage.head_dim)
+    key = ("numba kv rows", id(storage), keys.shape[0])
+    checked = prepared.get(key) if prepared is not None else None
+    if checked is None:
+        checked = (storage, checked_rows(rows, keys.shape[0], side_rows(bits, storage.keys)))
+        if prepared is not None:
+            prepared[key] = checked                     # storage held: its id stays its own
+    for side, x in ((storage.keys, keys), (storage.values, values)):
+        write_rows(bits, group_len, storage.rotation is not None, side, slot, checked[1], x, checked=True)

@@ -1,24 +1,20 @@
-"""Row-wise normalisations over the last axis (each row independent of the others)."""
+"""Row-wise normalisations over the last axis (each row independent of the others).
+
+Compiled kernels (kernels/norms.py, the definition and the invariance argument there):
+the sums over D in the lanes order of kernels/lanes.py, sqrt and division IEEE-exact,
+weight and bias applied elementwise; a row's bits depend only on the row, the weights and
+eps, on every CPU. The NumPy oracle is kernels/norms_oracle.py.
+"""
 import numpy as np
 
-from tinyloop.backends.cpu.layout import canonical
+from tinyloop.backends.cpu.kernels import rows as _kernels
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x: (T, D), weight: (D,) -> (T, D). Each row's sum runs over its own contiguous row."""
-    x = canonical(x)
-    mean_square = np.add.reduce(x * x, axis=-1, keepdims=True) / np.float32(x.shape[-1])   # (T, 1)
-    return x * (np.float32(1.0) / np.sqrt(mean_square + np.float32(eps))) * weight
+    """x: (T, D), weight: (D,) -> (T, D) float32 = (x * inv) * weight, inv = 1 / sqrt(mean(x^2) + eps)."""
+    return _kernels.rms_norm(x, weight, eps)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
-    """x: (T, D), weight/bias: (D,) -> (T, D). Each row's sums run over its own contiguous row."""
-    x = canonical(x)
-    width = np.float32(x.shape[-1])
-    mean = np.add.reduce(x, axis=-1, keepdims=True) / width                          # (T, 1)
-    centered = x - mean
-    variance = np.add.reduce(centered * centered, axis=-1, keepdims=True) / width    # (T, 1)
-    out = centered * (np.float32(1.0) / np.sqrt(variance + np.float32(eps))) * weight
-    if bias is not None:
-        out += bias
-    return out
+    """x: (T, D), weight/bias: (D,) -> (T, D) float32 = ((x - mean) * inv) * weight (+ bias)."""
+    return _kernels.layer_norm(x, weight, bias, eps)

@@ -8,7 +8,7 @@ Everything goes through `self.device` (device.py): CuPy on a GPU, or, in the tes
 NumPy arrays and the CPU harness that runs the same .cu sources, so this whole file runs
 end to end on the CPU (tests/test_cuda_backend.py).
 
-Exactness (the rule of backends/cpu/__init__.py) holds by construction of the kernels:
+Exactness (the rule of backends/reference/__init__.py) holds by construction of the kernels:
 the row kernels of the linear, the norms, the KV write and attention give each row
 (query, token) bits that depend on that row's inputs alone — fixed reduction orders,
 no split that depends on the number of rows, no atomics (cuda/README.md). So a verify
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.backends.base import Backend, check_activations
-from tinyloop.backends.cpu.positions import rope_table
-from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.backends.reference.positions import rope_table
+from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling

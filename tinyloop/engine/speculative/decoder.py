@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cpu.topk import log_normalizer, top_k_ids
+from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.engine.decode import prefill
 from tinyloop.engine.sampling import next_tokens_with_logprobs
 from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled

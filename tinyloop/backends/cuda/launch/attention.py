@@ -1,5 +1,5 @@
 """Launch geometry for cuda/attention.cu (exact decode / verify / draft-tree attention).
-The twin is tinyloop/backends/cpu/twins/attention.py.
+The twin is tinyloop/backends/reference/twins/attention.py.
 
 The context of every query is split into fixed chunks of CHUNK_BLOCKS 64-key blocks
 (cuda/README.md "Attention: split context"): pass 1 (attention_<mode>, grid (T, n_kv,

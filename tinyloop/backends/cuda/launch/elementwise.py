@@ -6,7 +6,7 @@ The norms and the MLP activations write a float32 or a float16 `out` (fp16 activ
 the output is a linear layer's input, rounded to the nearest half); its dtype picks which."""
 import numpy as np
 
-from tinyloop.backends.cpu.twins.elementwise import NORM_THREADS
+from tinyloop.backends.reference.twins.elementwise import NORM_THREADS
 from tinyloop.backends.cuda.launch.memory import may_overlap
 
 ROW_THREADS = 256            # embed_rows, rope_rows: one block per row, threads stride the row

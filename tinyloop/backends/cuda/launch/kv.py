@@ -1,7 +1,7 @@
 """Launch geometry for cuda/kv.cu, and DeviceKV: one request's KV storage on the device.
 
 Arrays are device arrays (CuPy, or the CPU harness's NumPy arrays). Layouts: cuda/README.md
-("KV storage per side"). The twin is tinyloop/backends/cpu/twins/kv.py.
+("KV storage per side"). The twin is tinyloop/backends/reference/twins/kv.py.
 """
 from __future__ import annotations
 

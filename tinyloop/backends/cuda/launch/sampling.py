@@ -2,7 +2,7 @@
 C-contiguous; outputs preallocated by the caller."""
 import numpy as np
 
-from tinyloop.backends.cpu.twins.sampling import ROW_THREADS, TOPK_MAX
+from tinyloop.backends.reference.twins.sampling import ROW_THREADS, TOPK_MAX
 
 TOPK_THREADS = 512           # top_k_rows: each pass over the row is spread over more threads
 

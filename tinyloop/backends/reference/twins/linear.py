@@ -1,0 +1,129 @@
+"""Twin of cuda/linear.cu on a host PackedLinear (pack_linear(..., xp=numpy)).
+
+`linear_rows` does what linear_rows_* do, float32 operation for operation: lane l of
+column o sums, in order, the products weight * input of the words l, l+32, ... of its
+row (within a word, its columns in order); the 32 lane sums go through the warp
+butterfly; then the bias is added. Vectorised over rows, columns and lanes.
+
+`linear_bulk_reference` is what linear_bulk_* approximate (float64 products and sums):
+the bulk kernel's order depends on its tiles and on FMA contraction, so tests compare
+it within a tolerance; `linear_tc_reference` the same for the tensor-core kernels
+(cuda/linear_tc.cu), whose operands are rounded to half first.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tinyloop.backends.reference.twins.arith import warp_sum
+from tinyloop.backends.cuda.launch.packing import (
+    COLUMNS_PER_WORD,
+    LinearSegment,
+    PackedLinear,
+)
+
+F = np.float32
+
+
+def stored_weights(seg: LinearSegment) -> np.ndarray:
+    """The segment's weights in stored column order, as the kernel decodes them:
+    (out, words_per_row * CPW) float32. Padding bytes use the last group's scale and min."""
+    if seg.kind == "f32":
+        return np.asarray(seg.weights, F)
+    if seg.kind == "f16":
+        return np.asarray(seg.weights).astype(F)
+    bits = int(seg.kind[3:])
+    per_byte = 8 // bits
+    packed = np.asarray(seg.weights)                                   # (out, bytes)
+    codes = np.stack([(packed >> np.uint8(slot * bits)) & np.uint8((1 << bits) - 1)
+                      for slot in range(per_byte)], axis=2)            # (out, bytes, per_byte)
+    codes = codes.reshape(packed.shape[0], -1).astype(F)              # (out, columns)
+    group = np.minimum(np.arange(codes.shape[1]) // seg.group_size, seg.groups - 1)   # (columns,)
+    # float16 scales and mins widen exactly, as the kernel's __half2float
+    scale = np.asarray(seg.scale).astype(F)[:, group]                  # (out, columns)
+    minimum = np.asarray(seg.min).astype(F)[:, group]
+    return codes * scale + minimum                                     # two float32 roundings
+
+
+def stored_inputs(x: np.ndarray, seg: LinearSegment, in_features: int) -> np.ndarray:
+    """(T, in) -> (T, columns): the input each stored column multiplies, 0 for padding."""
+    columns = seg.words_per_row * COLUMNS_PER_WORD[seg.kind]
+    j = np.arange(columns)
+    source = np.full(columns, in_features)                             # (columns,) padding by default
+    known = j < seg.stored_in
+    source[known] = np.asarray(seg.perm)[j[known]] if seg.perm is not None else j[known]
+    valid = source < in_features
+    inputs = np.zeros((x.shape[0], columns), F)
+    inputs[:, valid] = x[:, source[valid]]
+    return inputs
+
+
+def linear_rows_segment(x: np.ndarray, seg: LinearSegment, in_features: int,
+                        columns_per_pass: int = 256) -> np.ndarray:
+    """x: (T, in) float32 -> (T, seg out) float32, the bits linear_rows_<kind> writes.
+    Output columns go `columns_per_pass` at a time, to bound the (T, columns, in) products."""
+    inputs = stored_inputs(np.asarray(x, F), seg, in_features)         # (T, words * cpw)
+    weights = stored_weights(seg)                                      # (out, words * cpw)
+    out = np.concatenate([_warp_sums(inputs, weights[o:o + columns_per_pass], seg)
+                          for o in range(0, seg.out_features, columns_per_pass)], axis=1)
+    if seg.bias is not None:
+        out = out + np.asarray(seg.bias, F)
+    return out
+
+
+def _warp_sums(inputs: np.ndarray, weights: np.ndarray, seg: LinearSegment) -> np.ndarray:
+    """(T, columns) inputs, (n, columns) weights -> (T, n): lane sums in word order, then
+    the butterfly."""
+    cpw = COLUMNS_PER_WORD[seg.kind]
+    rows, n = inputs.shape[0], weights.shape[0]
+    words = seg.words_per_row
+    rounds = -(-words // 32)
+    products = weights[None, :, :] * inputs[:, None, :]                # (T, n, words * cpw)
+    # words past the row's end add nothing: their products are +0 (an accumulator that
+    # starts at +0 never becomes -0, so adding +0 leaves its bits alone)
+    padded = np.zeros((rows, n, rounds * 32, cpw), F)
+    padded[:, :, :words] = products.reshape(rows, n, words, cpw)
+    padded = padded.reshape(rows, n, rounds, 32, cpw)                  # word = round * 32 + lane
+    lanes = np.zeros((rows, n, 32), F)                                 # (T, n, lane)
+    for q in range(rounds):
+        for slot in range(cpw):
+            lanes = lanes + padded[:, :, q, :, slot]
+    return warp_sum(lanes)                                             # (T, n)
+
+
+def linear_rows(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """x: (T, in) float32 -> (T, out) float32, all segments, as the launcher fills `out`."""
+    return np.concatenate([linear_rows_segment(x, seg, packed.in_features)
+                           for seg in packed.segments], axis=1)
+
+
+def dense_weight(packed: PackedLinear) -> np.ndarray:
+    """The fused weight (out, in) float32 in input column order, from the packed form."""
+    weight = np.zeros((packed.out_features, packed.in_features), F)
+    for seg in packed.segments:
+        stored = stored_weights(seg)[:, :seg.stored_in]               # (seg out, stored_in)
+        source = np.asarray(seg.perm) if seg.perm is not None else np.arange(seg.stored_in)
+        keep = source < packed.in_features
+        rows = slice(seg.out_offset, seg.out_offset + seg.out_features)
+        weight[rows, source[keep]] = stored[:, keep]
+    return weight
+
+
+def linear_tc_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """What linear_tc_* (cuda/linear_tc.cu) approximate: x and the dequantized weights each
+    rounded to half, then the exact (float64) x @ W.T + bias. The kernel sums in float32 in
+    an order the tensor cores choose, so tests compare it within a tolerance."""
+    halves = np.asarray(x).astype(np.float16).astype(np.float64)
+    weight = dense_weight(packed).astype(np.float16).astype(np.float64)
+    return _add_bias(halves @ weight.T, packed)
+
+
+def _add_bias(out: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    for seg in packed.segments:
+        if seg.bias is not None:
+            out[:, seg.out_offset:seg.out_offset + seg.out_features] += np.asarray(seg.bias, np.float64)
+    return out
+
+
+def linear_bulk_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """x: (T, in) -> (T, out) float64: the exact value of x @ W.T + bias for the packed W."""
+    return _add_bias(np.asarray(x, np.float64) @ dense_weight(packed).astype(np.float64).T, packed)
