@@ -6,7 +6,10 @@ declarations in the chat shape ({type: function, function: {name, parameters}}),
 tool choice and an output format. From there on the path is chat completions' own:
 the same template render (tools declared in the system turn, counted in the context),
 the same llguidance grammar for tool calls and JSON output, the same admission and
-engine. Reading back: which of the client's stop sequences ended a reply.
+engine. A request that turns thinking off (Responses reasoning.effort none, Messages
+thinking disabled) has a thinking template's section closed, empty, in its prompt.
+Reading back: which of the client's stop sequences ended a reply, and how many
+generated tokens were thinking.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 from tinyloop.engine.request import GenerationRequest
 from tinyloop.engine.sampling import SamplingParams
 from tinyloop.grammar.schema_check import check_schema
+from tinyloop.text.thinking import thinking_tokens
 
 from .errors import ApiError
 from .prepare import _engine_errors, fit_max_tokens
@@ -29,6 +33,7 @@ class Conversation:
     parallel_tool_calls: bool = True
     response_format: dict | None = None     # {"type": text | json_object | json_schema, "schema"?}
     stop: list = field(default_factory=list)    # the client's stop sequences
+    think: bool = True                      # False: a thinking template's section is closed, empty, in the prompt
 
 
 def check_tool_schema(schema, param: str) -> None:
@@ -44,7 +49,8 @@ def render(state, conversation: Conversation) -> tuple[list, list, object]:
               "response_format": conversation.response_format}
     tools, choice = active_tools(values)
     loaded = state.loaded
-    prompt_ids = loaded.with_bos(state.template.render(conversation.messages, loaded.tokenizer, tools))
+    prompt_ids = loaded.with_bos(state.template.render(conversation.messages, loaded.tokenizer, tools,
+                                                       conversation.think))
     return prompt_ids, tools, choice
 
 
@@ -56,7 +62,7 @@ def engine_request(state, conversation: Conversation, max_tokens: int | None, sa
     prompt_ids, tools, choice = render(state, conversation)
     values = {"response_format": conversation.response_format,
               "parallel_tool_calls": conversation.parallel_tool_calls}
-    grammar = grammar_of(state, values, tools, choice)
+    grammar = grammar_of(state, values, tools, choice, think=conversation.think)
     room = state.loaded.config.max_seq_len - len(prompt_ids)
     limit = _renamed(lambda: fit_max_tokens(state, len(prompt_ids), None, room if max_tokens is None else max_tokens),
                      {"messages": prompt_param, "max_tokens": limit_param})
@@ -74,6 +80,14 @@ def _renamed(build, params: dict):
     except ApiError as exc:
         exc.param = params.get(exc.param, exc.param)
         raise
+
+
+def reasoning_tokens(state, outcome) -> int:
+    """How many generated tokens belong to a thinking template's section (0 without one)."""
+    tags = state.template.thinking
+    if tags is None:
+        return 0
+    return thinking_tokens(outcome.result.tokens, state.loaded.tokenizer.decode, *tags)
 
 
 def matched_stop(state, outcome, released: str, stops: list) -> str | None:

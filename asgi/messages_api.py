@@ -9,6 +9,14 @@ or sent whole. count_tokens renders the same prompt (system, turns, tools as the
 tool_choice leaves them) without generating, so its count is the usage.input_tokens of
 the same request. Errors on these routes take Anthropic's shape (asgi/anthropic_errors.py).
 
+thinking {type: disabled} closes a thinking template's section, empty, in the prompt, so
+the model answers at once (count_tokens renders it the same way); thinking left out lets
+the model think as its template does, and its section is returned only to a request that
+turned thinking on (enabled or adaptive). budget_tokens is checked (>= 1024, < max_tokens)
+but not enforced: the section may run past it, up to max_tokens (enforcing it would need
+the closing tag forced into the generation once the budget is spent, which the engine
+does not do).
+
 max_tokens is required by the API, and an agent's value is often larger than a small
 model's context: it is an upper bound here, as the API defines it, lowered to the room
 the context leaves; a reply that runs out ends with stop_reason max_tokens.
@@ -35,7 +43,11 @@ def _conversation(values) -> Conversation:
     if tools and output_format is not None and choice != "none":
         raise bad_request("'output_config.format' and tool calls cannot constrain the same reply; send tool_choice "
                           "{type: 'none'} or drop the format", "output_config.format")
-    return Conversation(messages, tools, choice, parallel, output_format, list(values.get("stop_sequences") or []))
+    # Only an explicit disabled stops a thinking template's model from thinking: left out,
+    # the API leaves thinking to the model, and this model thinks as its template does.
+    think = (values["thinking"] or {}).get("type") != "disabled"
+    return Conversation(messages, tools, choice, parallel, output_format, list(values.get("stop_sequences") or []),
+                        think)
 
 
 async def count_tokens(request):

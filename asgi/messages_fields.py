@@ -7,7 +7,7 @@ Messages API), declared and checked.
 - tool_result {tool_use_id, content: string or text blocks, is_error?} in a user turn ->
   a tool message answering that call (is_error: its text is marked "Error: ");
 - thinking / redacted_thinking in an assistant turn: accepted and left out of the prompt
-  (Anthropic's API drops earlier turns' thinking too; our models have none to read).
+  (Anthropic's API drops earlier turns' thinking too).
 Images, documents and server tools are a 400 naming the block. The conversation must
 end with a user turn (assistant prefill is not supported) and every tool_use must have
 its tool_result.
@@ -185,8 +185,10 @@ def anthropic_tool_choice(name, value):
 
 def anthropic_thinking(name, value):
     """{type: enabled, budget_tokens >= 1024} | {type: adaptive} | {type: disabled} (display
-    optional): checked and accepted. A thinking template's section comes back as thinking
-    blocks when thinking is on; our models have none, so no thinking block comes back."""
+    optional). For models whose chat template has a thinking section: enabled or adaptive
+    returns the section as a thinking block; disabled closes the section, empty, in the
+    prompt, so the model does not think. budget_tokens is checked, not enforced
+    (messages_api.py says why). For other models it changes nothing."""
     if not isinstance(value, dict) or value.get("type") not in ("enabled", "adaptive", "disabled"):
         raise bad_request(f"'{name}' must be {{type: 'enabled', budget_tokens}}, {{type: 'adaptive'}} or "
                           "{type: 'disabled'}", name)
@@ -254,8 +256,10 @@ PROMPT = {
     "tools": Field("anthropic_tools", None, doc="Client tools [{name, description, input_schema}]"),
     "tool_choice": Field("anthropic_tool_choice", None, doc="{type: auto | any | tool | none, name?, "
                                                             "disable_parallel_tool_use?}"),
-    "thinking": Field("anthropic_thinking", None, doc="Accepted; our models do not think, so no thinking "
-                                                      "blocks are returned"),
+    "thinking": Field("anthropic_thinking", None, doc="For models whose chat template has a thinking section: "
+                                                      "enabled / adaptive return it as thinking blocks, disabled "
+                                                      "stops the model thinking; budget_tokens checked, not "
+                                                      "enforced. Other models: no effect"),
     "output_config": Field("anthropic_output_config", None, doc="{format: {type: json_schema, schema}}: output "
                                                                 "constrained token by token; effort ignored"),
     "cache_control": Field("object", None, doc="Accepted and ignored (there is no prompt cache yet)"),

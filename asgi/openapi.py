@@ -118,12 +118,14 @@ def _get(summary: str, reply: dict, content_type: str = "application/json", fail
     return {"get": {"summary": summary, "responses": responses}}
 
 
-def _errors() -> dict:
+def _errors(shapes: int = 422) -> dict:
+    """shapes: the status of a wrong type or shape (400 on /v1/responses, as OpenAI's API)."""
     error = {"content": {"application/json": {"schema": ERROR}}}
-    return {str(code): {"description": text, **error} for code, text in (
-        (400, "invalid value or unsupported field"), (401, "missing or wrong API key"),
-        (413, "body too large"), (415, "wrong content type"), (422, "wrong type or shape"),
-        (429, "queue full; see Retry-After"), (503, "model loading, worker failed or draining"))}
+    invalid = "invalid value or unsupported field" + (", wrong type or shape" if shapes == 400 else "")
+    statuses = ((400, invalid), (401, "missing or wrong API key"), (413, "body too large"),
+                (415, "wrong content type"), (422, "wrong type or shape"), (429, "queue full; see Retry-After"),
+                (503, "model loading, worker failed or draining"))
+    return {str(code): {"description": text, **error} for code, text in statuses if code != 422 or shapes == 422}
 
 
 def _object(required: dict, **optional) -> dict:
@@ -168,7 +170,7 @@ def openapi_document() -> dict:
             "/v1/chat/completions": _post("Chat completion (OpenAI)", CHAT, CHAT_REPLY),
             "/v1/completions": _post("Text completion (OpenAI)", COMPLETION, COMPLETION_REPLY),
             "/v1/responses": _post("Model response (OpenAI Responses API; store and previous_response_id "
-                                   "refused)", RESPONSES, RESPONSE_REPLY),
+                                   "refused)", RESPONSES, RESPONSE_REPLY, _errors(shapes=400)),
             "/v1/messages": _anthropic_post("Message (Anthropic Messages API)", MESSAGES, MESSAGE_REPLY),
             "/v1/messages/count_tokens": _anthropic_post("Prompt tokens of a Messages request, as usage.input_tokens "
                                                          "counts them", PROMPT, TOKEN_COUNT_REPLY, streams=False),

@@ -6,6 +6,13 @@ go through the same grammar as chat tool calls, text.format through the same JSO
 constraint as response_format. The reply is built by ResponseEvents
 (asgi/responses_stream.py), streamed as typed events or sent whole.
 
+Shape errors (a wrong type, a missing field, a body that is not an object) are 400 here,
+not the 422 chat completions answers as its documented contract: OpenAI's API answers
+every invalid request with 400, and its SDK raises BadRequestError for it.
+reasoning.effort none closes a thinking template's section in the prompt (the model
+answers at once); usage.output_tokens_details.reasoning_tokens counts the generated
+tokens of the section.
+
 Stored responses are not kept: `store: true` and `previous_response_id` are a 400 that
 says to send the whole conversation. Why: a replica's memory is not shared with the
 other replicas behind the load balancer, nor kept across a restart or a drain, so a
@@ -17,8 +24,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from .conversation import Conversation, engine_request
-from .errors import bad_request
+from .conversation import Conversation, engine_request, reasoning_tokens
+from .errors import ApiError, bad_request
 from .generation import Generation
 from .http import send_json
 from .reply_events import run_reply
@@ -52,7 +59,8 @@ def _conversation(values) -> Conversation:
     response_format = {"type": output_format["type"]}
     if output_format["type"] == "json_schema":
         response_format["schema"] = output_format["schema"]
-    return Conversation(messages, tools, choice, values["parallel_tool_calls"], response_format)
+    think = (values["reasoning"] or {}).get("effort") != "none"
+    return Conversation(messages, tools, choice, values["parallel_tool_calls"], response_format, think=think)
 
 
 def _echo_tools(tools) -> list:
@@ -71,9 +79,9 @@ def response_object(state, values) -> dict:
     """The response as it stands when generation starts (what response.created carries)."""
     reasoning = values["reasoning"] or {"effort": None, "summary": None}
     return {"id": "resp_" + uuid.uuid4().hex[:24], "object": "response", "created_at": int(time.time()),
-            "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
-            "instructions": values["instructions"], "max_output_tokens": values["max_output_tokens"],
-            "model": values["model"] or state.model_id, "output": [],
+            "status": "in_progress", "completed_at": None, "background": False, "error": None,
+            "incomplete_details": None, "instructions": values["instructions"],
+            "max_output_tokens": values["max_output_tokens"], "model": values["model"] or state.model_id, "output": [],
             "parallel_tool_calls": values["parallel_tool_calls"], "previous_response_id": None,
             "reasoning": reasoning, "store": False, "temperature": values["temperature"],
             "text": values["text"] or {"format": {"type": "text"}}, "tool_choice": _echo_choice(values["tool_choice"]),
@@ -82,6 +90,15 @@ def response_object(state, values) -> dict:
 
 
 async def responses(request):
+    try:
+        await _respond(request)
+    except ApiError as exc:
+        if exc.status == 422:             # OpenAI's status for a wrong type or shape (see the top)
+            exc.status = 400
+        raise
+
+
+async def _respond(request):
     values = validate(await request.json(), RESPONSES, RESPONSES_UNSUPPORTED)
     _refuse_stored(values)
     state = request.state
@@ -98,7 +115,7 @@ async def responses(request):
         await stream.start()
         await stream.events(writer.created())
     calls = await run_reply(request, generation, writer, tools, stream)
-    events = writer.finish(calls, generation.outcome)
+    events = writer.finish(calls, generation.outcome, reasoning_tokens(state, generation.outcome))
     if stream is None:
         await send_json(request.send, 200, writer.response)
         return

@@ -6,8 +6,8 @@
 - function_call {call_id, name, arguments: JSON text of an object}: a call of the
   assistant turn before it (consecutive calls share one turn);
 - function_call_output {call_id, output}: the result of an earlier, unanswered call;
-- reasoning: accepted and left out of the prompt (our models have no thinking section,
-  and the item carries nothing a model of ours could read back).
+- reasoning: accepted and left out of the prompt (an earlier turn's thinking is not
+  rendered back, for models whose chat template has a thinking section or not).
 Everything else (images, files, item_reference, built-in tools) is a 400 naming it.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ ITEM_KEYS = {
 TEXT_PARTS = ("input_text", "output_text", "refusal")
 PART_KEYS = {"type", "text", "refusal", "annotations", "logprobs"}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh", "max")   # the SDK's ReasoningEffort
 SUMMARIES = (None, "auto", "concise", "detailed")
 MAX_METADATA_KEYS = 16
 
@@ -220,7 +220,10 @@ def responses_text(name, value):
 
 
 def responses_reasoning(name, value):
-    """{effort?, summary?}: checked and accepted; our models do not reason, so it changes nothing."""
+    """{effort?, summary?}: checked and echoed. For models whose chat template has a thinking
+    section, effort none closes that section, empty, in the prompt (the model answers at
+    once); every other effort lets the model think as its template does. summary changes
+    nothing (the section comes back whole as reasoning_text, never summarized)."""
     if not isinstance(value, dict):
         raise unprocessable(f"'{name}' must be an object {{effort, summary}}", name)
     _no_extra_keys(name, value, {"effort", "summary", "generate_summary"})
@@ -262,15 +265,17 @@ def _absent_or(*defaults):
 RESPONSES = {
     "model": Field("string", None, doc="Echoed into the response (default: the served model's id)"),
     "input": Field("responses_input", required=True, doc="Text, or items: message, function_call, "
-                                                         "function_call_output, reasoning (ignored)"),
+                                                         "function_call_output, reasoning (left out of the prompt)"),
     "instructions": Field("string", None, doc="A system message placed before the input"),
     "tools": Field("responses_tools", None, doc="Function tools [{type: function, name, parameters, strict}]"),
     "tool_choice": Field("responses_tool_choice", None, doc="none | auto | required | {type: function, name}"),
     "parallel_tool_calls": Field("boolean", True, doc="false: at most one call per reply"),
     "text": Field("responses_text", None, doc="{format: text | json_object | json_schema {name, schema}}: "
                                               "output constrained token by token"),
-    "reasoning": Field("responses_reasoning", None, doc="Accepted; our models do not reason, so it changes "
-                                                        "nothing and no reasoning item is returned"),
+    "reasoning": Field("responses_reasoning", None, doc="For models whose chat template has a thinking "
+                                                        "section: it comes back as a reasoning item, and effort "
+                                                        "none stops the model thinking. Other models: echoed, no "
+                                                        "effect"),
     "max_output_tokens": Field("integer", None, low=1, doc="Upper bound, lowered to the room the context leaves "
                                                            "(default: all of it)"),
     "temperature": Field("number", 1.0, low=0.0, high=2.0, doc="0 = greedy"),

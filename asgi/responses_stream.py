@@ -6,12 +6,14 @@ response.content_part.added, response.output_text.delta..., response.output_text
 response.content_part.done (a reasoning item the same with reasoning_text events), for
 a function call response.function_call_arguments.delta and .done; then
 response.output_item.done; at the end response.completed, or response.incomplete
-(max_output_tokens reached), or response.failed (an error after the stream began).
+(max_output_tokens reached: the item it cut short, message or reasoning, is incomplete),
+or response.failed (an error after the stream began).
 TypedEventStream numbers them (sequence_number).
 """
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 
 from .reply_events import ReplyEvents
@@ -70,7 +72,8 @@ class ResponseEvents(ReplyEvents):
             done["logprobs"] = []
         item = self._item
         item["content"] = [_part(kind, text)]
-        item["status"] = "incomplete" if self.response["status"] == "incomplete" and kind == "text" else "completed"
+        # Only finish() closes a block after the status is set: the item the limit cut short.
+        item["status"] = "incomplete" if self.response["status"] == "incomplete" else "completed"
         self.response["output"].append(item)
         self._item = None
         return [done, {"type": "response.content_part.done", **where, "content_index": 0, "part": _part(kind, text)},
@@ -91,26 +94,32 @@ class ResponseEvents(ReplyEvents):
         self.response["output"].append(item)
         return events + [{"type": "response.output_item.done", "output_index": index, "item": copy.deepcopy(item)}]
 
-    def finish(self, calls: list, outcome) -> list:
-        """The last events: open text closed, the calls, then completed or incomplete."""
+    def finish(self, calls: list, outcome, reasoning_tokens: int = 0) -> list:
+        """The last events: open text closed, the calls, then completed or incomplete.
+        reasoning_tokens: how many generated tokens were a thinking section's."""
         if outcome.finish_reason == "length":
             self.response.update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
         else:
-            self.response["status"] = "completed"
+            self.response.update(status="completed", completed_at=int(time.time()))
         events = self.close()
         if not calls and not any(item["type"] == "message" for item in self.response["output"]):
             events += self.open_block("text") + self.close_block("text", "")   # output_text is "" rather than absent
         for call in calls:
             events += self._call(call)
         prompt, generated = outcome.result.prompt_tokens, outcome.completion_tokens
-        # cached_tokens: every prompt is computed afresh (there is no prefix cache yet).
-        self.response["usage"] = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
-                                  "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
+        # cached_tokens, cache_write_tokens: every prompt is computed afresh (there is no prefix cache yet).
+        self.response["usage"] = {"input_tokens": prompt,
+                                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                                  "output_tokens": generated,
+                                  "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                                   "total_tokens": prompt + generated}
         kind = "response.incomplete" if self.response["status"] == "incomplete" else "response.completed"
         return events + [{"type": kind, "response": self._snapshot()}]
 
     def failed(self, error) -> list:
-        """An error once the stream began (the server stopping, the worker failing)."""
-        self.response.update(status="failed", error={"code": error.code or "server_error", "message": error.message})
+        """An error once the stream began (the server stopping, the worker failing). The
+        API's error.code is a fixed list (the SDK's ResponseError) that has none of our
+        own codes, so it says server_error and the message keeps ours."""
+        message = f"{error.message} ({error.code})" if error.code else error.message
+        self.response.update(status="failed", error={"code": "server_error", "message": message})
         return [{"type": "response.failed", "response": self._snapshot()}]

@@ -57,10 +57,11 @@ def active_tools(values) -> tuple[list, object]:
     return (tools if choice != "none" else []), choice
 
 
-def grammar_of(state, values, tools, choice, chat: bool = True) -> Grammar | None:
-    """The reply's grammar, or None. A chat reply from a thinking template may think first."""
+def grammar_of(state, values, tools, choice, chat: bool = True, think: bool = True) -> Grammar | None:
+    """The reply's grammar, or None. A chat reply from a thinking template may think first,
+    unless think is False (the prompt already closed the section: ChatTemplate.render)."""
     tokenizer = state.loaded.tokenizer
-    thinking = state.template.thinking if chat else None
+    thinking = state.template.thinking if chat and think else None
     response_format = values.get("response_format") or {"type": "text"}
     if tools:
         text, param = _tools_lark(tools, choice, values.get("parallel_tool_calls", True)), "tools"

@@ -80,8 +80,8 @@ class Words:
         return [ord(c) for c in text]
 
 
-def render(template, messages, tools=None):
-    return "".join(chr(i) for i in template.render(messages, Words(), tools))
+def render(template, messages, tools=None, think=True):
+    return "".join(chr(i) for i in template.render(messages, Words(), tools, think))
 
 
 def test_tools_are_declared_in_the_system_turn_and_calls_rendered_escaped():
@@ -106,6 +106,32 @@ def test_thinking_history_is_rendered_only_for_thinking_templates():
     assert "Assistant: <think>\n1+2\n</think>\n\n3\n" in render(thinking, message)
     assert "Assistant: 3\n" in render(ChatTemplate.from_metadata("plain"), message)
     assert ChatTemplate.from_metadata(thinking.to_metadata()) == thinking
+
+
+def test_a_request_that_turns_thinking_off_gets_the_section_closed_empty():
+    """Responses reasoning.effort none, Messages thinking disabled: the prompt ends with an
+    empty, closed section (written as a past turn's), so the model answers at once."""
+    user = [{"role": "user", "content": "1+2?"}]
+    thinking = ChatTemplate.from_metadata('{"name": "plain", "thinking": true}')
+    assert render(thinking, user, think=False).endswith("User: 1+2?\nAssistant: <think>\n\n</think>\n\n")
+    assert render(thinking, user).endswith("User: 1+2?\nAssistant:")
+    plain = ChatTemplate.from_metadata("plain")            # no section: nothing to close
+    assert render(plain, user, think=False) == render(plain, user)
+
+
+@pytest.mark.parametrize("pieces, expected", [
+    (list("<think>ab</think>cd"), 17),                    # 7 + 2 + 8 one-character tokens
+    (list("\n<think>ab</think>\n\ncd"), 18),              # the separating blank lines are the answer's
+    (["<think>", "a", "</thi", "nk>The", " end"], 4),      # the token that closes the tag counts, whole
+    (["<th", "ink>", "</think>"], 3),
+    (list("<think>abc"), 10),                             # cut short: every token was thinking
+    (list("abc<think>d</think>"), 0),                     # not at the start: no section
+    ([], 0),
+])
+def test_thinking_tokens_counts_the_sections_generated_tokens(pieces, expected):
+    from tinyloop.text.thinking import thinking_tokens
+    decode = lambda ids: "".join(pieces[i] for i in ids)    # noqa: E731 - token i spells pieces[i]
+    assert thinking_tokens(list(range(len(pieces))), decode, *THINK) == expected
 
 
 def test_a_thinking_template_routes_reasoning_buffered_and_streamed(tmp_path):

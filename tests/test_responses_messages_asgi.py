@@ -3,13 +3,19 @@ input is a clear 4xx in the route's own error shape, naming what was wrong; the
 guarantees shared with chat completions (auth, admission, draining, disconnects, the
 context rule, stop sequences, grammar-ended replies) hold on the new routes."""
 import asyncio
+from types import SimpleNamespace
 
 import orjson
 import pytest
 from asgi_client import call, run, until
+from openai.types.responses import Response, ResponseError, ResponseStreamEvent
+from pydantic import TypeAdapter
 from test_server_asgi import ready_app
 
-from tinyloop.model.testmodels import make_test_model
+from asgi import messages_api, responses_api
+from asgi.generation import Generation, Outcome
+from tinyloop.model.modelfile import write_model_file
+from tinyloop.model.testmodels import make_test_model, preset_config, random_weights, train_tokenizer
 
 RESPONSES, MESSAGES, COUNT = "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"
 HI = [{"role": "user", "content": "Hi"}]
@@ -26,6 +32,37 @@ def app(tmp_path_factory):
     path = tmp_path_factory.mktemp("agent-apis-asgi") / "tiny.tinyloop"
     make_test_model(path, "tiny-looped", seed=0, max_seq_len=1024)
     return ready_app(path)
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory):
+    """A model whose ChatML template has a thinking section (what an Ouro-Thinking import gets)."""
+    tokenizer = train_tokenizer()
+    config = preset_config("tiny-looped", tokenizer, max_seq_len=1024)
+    path = write_model_file(tmp_path_factory.mktemp("agent-apis-thinker") / "think.tinyloop", config,
+                            random_weights(config, 0), tokenizer.to_str(),
+                            chat_template='{"name": "chatml", "thinking": true}')
+    return ready_app(path)
+
+
+def script_reply(monkeypatch, module, app, text, finish_reason="stop"):
+    """The route in `module` gets `text`'s tokens as its generation instead of sampling (a
+    random model never writes a thinking section); all that follows the engine runs as
+    for sampled tokens: the reply split, the writers, the usage counts."""
+    tokenizer = app.state.loaded.tokenizer
+    ids = tokenizer.encode(text)
+
+    class Scripted(Generation):
+        def submit(self):                 # nothing queued: settle() has no submission to give back
+            pass
+
+        async def batches(self):
+            result = SimpleNamespace(tokens=ids, prompt_tokens=len(self.request.prompt_ids), stop_token_id=None,
+                                     completion_tokens=len(ids), finish_reason=finish_reason)
+            self.outcome = Outcome(result, finish_reason, len(ids), None)
+            yield [(token, tokenizer.decode([token])) for token in ids]
+
+    monkeypatch.setattr(module, "Generation", Scripted)
 
 
 def post(app, path, body, **kw):
@@ -46,8 +83,9 @@ def typed_events(response) -> list[tuple[str, dict]]:
 
 # ------------------------------------------------------------------------- Responses: refusals
 @pytest.mark.parametrize("body, status, param, fragment", [
-    ({}, 422, "input", "'input' is required"),
-    ({"input": 5}, 422, "input", "string or an array"),
+    ({}, 400, "input", "'input' is required"),                 # shapes too: OpenAI's API has no 422
+    ({"input": 5}, 400, "input", "string or an array"),
+    ({"input": [{"role": "user"}]}, 400, "input[0].content", "is required"),
     ({"input": []}, 400, "input", "at least one item"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, 400, "input[0].type", "not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
@@ -85,6 +123,7 @@ def typed_events(response) -> list[tuple[str, dict]]:
     ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens", ">= 1"),
     ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata", "at most 16"),
     ({"input": "x", "reasoning": {"effort": "huge"}}, 400, "reasoning.effort", "one of"),
+    ({"input": "x", "reasoning": "high"}, 400, "reasoning", "must be an object"),
 ])
 def test_responses_bad_inputs_are_clear_4xx(app, body, status, param, fragment):
     response = post(app, RESPONSES, {"model": "tl", **body})
@@ -158,9 +197,167 @@ def test_responses_stream_shutdown_ends_with_response_failed(model_path):
     events = typed_events(run(scenario()))
     name, last = events[-1]
     assert name == "response.failed" and last["response"]["status"] == "failed"
-    assert last["response"]["error"]["code"] == "shutting_down"
+    error = last["response"]["error"]        # the SDK's ResponseError: code from its fixed list, ours in the message
+    assert ResponseError.model_validate(error).code == "server_error"
+    assert error["message"] == "the server is shutting down; the generation was stopped (shutting_down)"
     assert not any(n in ("response.completed", "response.incomplete") for n, _ in events)
     assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+
+
+def test_responses_shape_errors_are_400_while_chat_completions_keep_422(app):
+    """OpenAI's API answers a wrong shape with 400 (the SDK's BadRequestError); chat
+    completions keep the 422 their contract documents."""
+    for path in (RESPONSES, "/v1/chat/completions"):
+        response = run(call(app, "POST", path, body=b"[1]"))
+        error = response.json()["error"]
+        assert response.status == (400 if path == RESPONSES else 422), path
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_type")
+    assert post(app, "/v1/chat/completions", {"messages": 5}).status == 422
+
+
+def test_responses_named_tool_choice_calls_that_function(app):
+    other = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string", "maxLength": 8}}, "required": ["zone"]}}
+    for name, schema in (("get_time", other["parameters"]), ("get_weather", SCHEMA)):
+        body = post(app, RESPONSES, {"input": "Hi", "tools": [other, R_TOOL], "temperature": 0,
+                                     "tool_choice": {"type": "function", "name": name},
+                                     "parallel_tool_calls": False, "max_output_tokens": 200}).json()
+        call_item, = body["output"]
+        assert (call_item["type"], call_item["name"], body["status"]) == ("function_call", name, "completed")
+        assert set(orjson.loads(call_item["arguments"])) == set(schema["required"])
+        assert body["tool_choice"] == {"type": "function", "name": name}
+
+
+def test_responses_queue_full_is_429_and_draining_503(model_path):
+    app = ready_app(model_path, max_waiting=0)
+
+    async def scenario():
+        first = asyncio.ensure_future(call(app, "POST", "/generate", {"prompt": "Hi", "max_tokens": 300, "loops": 8}))
+        await until(lambda: app.state.engine.running == 1, "the first generation to start")
+        busy = await call(app, "POST", RESPONSES, {"input": "Hi", "max_output_tokens": 2})
+        assert busy.status == 429 and busy.headers["retry-after"] == "1"
+        assert (busy.json()["error"]["type"], busy.json()["error"]["code"]) == ("rate_limit_error", "queue_full")
+        await first
+    run(scenario())
+    app.state.drain()
+    draining = post(app, RESPONSES, {"input": "Hi", "max_output_tokens": 2})
+    assert draining.status == 503 and draining.json()["error"]["code"] == "draining"
+    app.state.shutdown()
+
+
+def test_a_responses_stream_whose_client_leaves_is_cancelled(model_path):
+    app = ready_app(model_path)
+
+    async def scenario():                 # one event loop: the engine thread posts to it until cancelled
+        response = await call(app, "POST", RESPONSES, {"input": "Hi", "max_output_tokens": 400, "stream": True},
+                              disconnect_after_sends=3)
+        await until(lambda: app.state.engine.running == 0, "the generation to stop")
+        return response
+    assert run(scenario()).status == 200
+    assert app.state.metrics.settled["cancelled"] == 1 and app.state.metrics.disconnects == 1
+
+
+def test_responses_replies_and_events_are_the_sdks_types(app):
+    """Every reply and streamed event validates as the installed openai SDK's own types
+    (usage.input_tokens_details.cache_write_tokens is required there); completed_at is
+    set once the response is completed, and only then."""
+    schema = {"format": {"type": "json_schema", "name": "city", "schema": SCHEMA}}
+    done = post(app, RESPONSES, {"input": "Hi", "max_output_tokens": 200, "temperature": 0, "text": schema}).json()
+    reply = Response.model_validate(done)
+    assert reply.status == "completed" and reply.completed_at >= reply.created_at
+    assert reply.usage.input_tokens_details.cache_write_tokens == 0
+    cut = Response.model_validate(post(app, RESPONSES, {"input": "Hi", "max_output_tokens": 2}).json())
+    assert cut.status == "incomplete" and cut.completed_at is None
+    events = TypeAdapter(ResponseStreamEvent)
+    for body in ({"input": "Hi", "max_output_tokens": 3}, {"input": "Hi", "max_output_tokens": 200, "text": schema}):
+        streamed = [events.validate_python(e) for _, e in typed_events(post(app, RESPONSES, {**body, "stream": True}))]
+        assert streamed[0].response.completed_at is None
+        assert (streamed[-1].response.completed_at is None) == (streamed[-1].type == "response.incomplete")
+
+
+# ------------------------------------------------------------------------- Responses: a thinking template
+def test_responses_reasoning_tokens_count_the_thinking_sections_tokens(thinker, monkeypatch):
+    script_reply(monkeypatch, responses_api, thinker, "<think>plan it</think>The answer")
+    # the tokenizer splits ">The" into ">", "The": the section is exactly these tokens
+    section = len(thinker.state.loaded.tokenizer.encode("<think>plan it</think>"))
+    body = post(thinker, RESPONSES, {"input": "Hi"}).json()
+    assert [(item["type"], item["status"]) for item in body["output"]] == [("reasoning", "completed"),
+                                                                          ("message", "completed")]
+    usage = body["usage"]
+    assert usage["output_tokens_details"]["reasoning_tokens"] == section
+    assert usage["output_tokens"] == len(thinker.state.loaded.tokenizer.encode("<think>plan it</think>The answer"))
+    streamed = typed_events(post(thinker, RESPONSES, {"input": "Hi", "stream": True}))
+    assert streamed[-1][1]["response"]["usage"] == usage
+    script_reply(monkeypatch, responses_api, thinker, "No section here")
+    assert post(thinker, RESPONSES, {"input": "Hi"}).json()["usage"]["output_tokens_details"] == {
+        "reasoning_tokens": 0}
+
+
+def test_responses_a_reasoning_item_cut_short_is_incomplete(thinker, monkeypatch):
+    script_reply(monkeypatch, responses_api, thinker, "<think>still planning", finish_reason="length")
+    body = post(thinker, RESPONSES, {"input": "Hi", "max_output_tokens": 8}).json()
+    assert body["status"] == "incomplete"
+    assert [(item["type"], item["status"]) for item in body["output"]] == [("reasoning", "incomplete"),
+                                                                          ("message", "incomplete")]
+    assert body["usage"]["output_tokens_details"]["reasoning_tokens"] == body["usage"]["output_tokens"]
+    events = typed_events(post(thinker, RESPONSES, {"input": "Hi", "max_output_tokens": 8, "stream": True}))
+    done = [e["item"] for name, e in events if name == "response.output_item.done"]
+    assert [item["status"] for item in done] == ["incomplete", "incomplete"]
+    # a section that closed before the limit is complete; the answer it cut is not
+    script_reply(monkeypatch, responses_api, thinker, "<think>plan</think>The ans", finish_reason="length")
+    body = post(thinker, RESPONSES, {"input": "Hi", "max_output_tokens": 8}).json()
+    assert [item["status"] for item in body["output"]] == ["completed", "incomplete"]
+
+
+def _closed_section_tokens(app) -> int:
+    """The tokens an empty, closed thinking section adds after ChatML's assistant header."""
+    tokenizer = app.state.loaded.tokenizer
+    return len(tokenizer.encode("assistant\n<think>\n\n</think>\n\n")) - len(tokenizer.encode("assistant\n"))
+
+
+def test_effort_none_and_thinking_disabled_close_a_thinking_section_in_the_prompt(thinker, app):
+    """A thinking template's model is told not to think by a prompt whose thinking section
+    is already written, empty and closed; a model without a section gets the same prompt."""
+    closed = _closed_section_tokens(thinker)
+    assert closed > 0
+
+    def responses_prompt(model, **reasoning):
+        body = {"input": "Hi", "max_output_tokens": 1, **({"reasoning": reasoning} if reasoning else {})}
+        return post(model, RESPONSES, body).json()["usage"]["input_tokens"]
+
+    def messages_prompt(model, **thinking):
+        body = {"model": "tl", "messages": HI, **({"thinking": thinking} if thinking else {})}
+        return post(model, COUNT, body).json()["input_tokens"]
+
+    base = responses_prompt(thinker)
+    assert responses_prompt(thinker, effort="none") == base + closed
+    assert responses_prompt(thinker, effort="high") == responses_prompt(thinker, effort="minimal") == base
+    base = messages_prompt(thinker)
+    assert messages_prompt(thinker, type="disabled") == base + closed
+    disabled = {"model": "tl", "messages": HI, "max_tokens": 1, "thinking": {"type": "disabled"}}
+    assert post(thinker, MESSAGES, disabled).json()["usage"]["input_tokens"] == base + closed   # as counted
+    assert messages_prompt(thinker, type="enabled", budget_tokens=1024) == messages_prompt(thinker, type="adaptive") \
+        == base
+    assert responses_prompt(app, effort="none") == responses_prompt(app)
+    assert messages_prompt(app, type="disabled") == messages_prompt(app)
+
+
+def test_effort_none_leaves_no_thinking_branch_in_the_grammar(thinker):
+    """With the section closed in the prompt, constrained output starts with the answer."""
+    request = {"input": "Hi", "max_output_tokens": 60, "temperature": 0, "reasoning": {"effort": "none"},
+               "text": {"format": {"type": "json_schema", "name": "city", "schema": SCHEMA}}}
+    body = post(thinker, RESPONSES, request).json()
+    assert [item["type"] for item in body["output"]] == ["message"], body["output"]
+    assert set(orjson.loads(body["output"][0]["content"][0]["text"])) == {"city"}
+
+
+def test_messages_thinking_block_only_when_thinking_is_on_through_the_route(thinker, monkeypatch):
+    script_reply(monkeypatch, messages_api, thinker, "<think>plan it</think>The answer")
+    request = {"model": "tl", "max_tokens": 2048, "messages": HI}
+    on = post(thinker, MESSAGES, {**request, "thinking": {"type": "enabled", "budget_tokens": 1024}}).json()
+    assert on["content"] == [{"type": "thinking", "thinking": "plan it", "signature": ""},
+                             {"type": "text", "text": "The answer"}]
+    assert post(thinker, MESSAGES, request).json()["content"] == [{"type": "text", "text": "The answer"}]
 
 
 # ------------------------------------------------------------------------- Messages: refusals
@@ -259,6 +456,7 @@ def test_messages_stop_sequence_is_named_whole_and_streamed(model_path):
     names = [name for name, _ in events]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}          # nothing else is sent (AGENT_APIS.md)
     delta = events[-2][1]["delta"]
     assert (delta["stop_reason"], delta["stop_sequence"]) == ("stop_sequence", stop)
     streamed = "".join(e["delta"]["text"] for n, e in events if n == "content_block_delta")
@@ -287,6 +485,53 @@ def test_messages_thinking_is_accepted_and_adds_no_thinking_block(app):
     plain = [HI[0], {"role": "assistant", "content": "Hello"}, HI[0]]
     assert post(app, COUNT, {"model": "tl", "messages": turns}).json() == \
         post(app, COUNT, {"model": "tl", "messages": plain}).json()
+
+
+def test_messages_tool_result_takes_a_string_and_marks_is_error(app):
+    """A tool_result's content may be a string (one text block); is_error starts its text
+    "Error: " in the prompt."""
+    def prompt_tokens(result: dict) -> int:
+        turns = HI + [{"role": "assistant", "content": [USE]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", **result}]}]
+        response = post(app, COUNT, {"model": "tl", "messages": turns, "tools": [M_TOOL]})
+        assert response.status == 200, response.body
+        return response.json()["input_tokens"]
+    blocks = prompt_tokens({"content": [{"type": "text", "text": "no such city"}]})
+    assert prompt_tokens({"content": "no such city"}) == prompt_tokens({"content": "no such city",
+                                                                         "is_error": False}) == blocks
+    assert prompt_tokens({"content": "no such city", "is_error": True}) == \
+        prompt_tokens({"content": "Error: no such city"}) > blocks
+    turns = HI + [{"role": "assistant", "content": [USE]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such city", "is_error": True}]}]
+    reply = post(app, MESSAGES, {"model": "tl", "max_tokens": 2, "messages": turns, "tools": [M_TOOL]})
+    assert reply.status == 200 and reply.json()["type"] == "message"
+
+
+def test_messages_top_k_and_top_p_reach_the_sampler(app):
+    """At temperature 1 the reply is sampled; top_k 1, or top_p 0, leaves only the most
+    likely token, so the reply is the greedy one."""
+    def text(**sampling) -> str:
+        body = post(app, MESSAGES, {"model": "tl", "max_tokens": 16, "messages": HI, **sampling}).json()
+        return "".join(block["text"] for block in body["content"])
+    greedy = text(temperature=0)
+    assert {text(temperature=1) for _ in range(3)} != {greedy}        # sampling would tell them apart
+    assert text(temperature=1, top_k=1) == text(temperature=1, top_p=0) == greedy
+
+
+def test_ignored_fields_are_accepted_and_change_nothing(app):
+    """Fields both APIs define that have nothing to act on here: the same greedy reply,
+    the same prompt, with or without them."""
+    plain = {"input": "Hi", "max_output_tokens": 6, "temperature": 0}
+    ignored = {"text": {"format": {"type": "text"}, "verbosity": "low"}, "service_tier": "auto", "user": "u1",
+               "prompt_cache_key": "k", "safety_identifier": "s", "stream_options": {}, "include": []}
+    want, got = (post(app, RESPONSES, body).json() for body in (plain, {**plain, **ignored}))
+    assert got["output"][0]["content"] == want["output"][0]["content"]
+    assert got["usage"]["input_tokens"] == want["usage"]["input_tokens"]
+    plain = {"model": "tl", "max_tokens": 6, "temperature": 0, "messages": HI}
+    ignored = {"output_config": {"effort": "low"}, "metadata": {"user_id": "u1"}, "service_tier": "standard_only",
+               "cache_control": {"type": "ephemeral"}}
+    want, got = (post(app, MESSAGES, body).json() for body in (plain, {**plain, **ignored}))
+    assert (got["content"], got["usage"]) == (want["content"], want["usage"])
 
 
 def test_count_tokens_follows_tool_choice_none_like_the_prompt(app):
@@ -338,8 +583,8 @@ def _thinking_reply(writer, text="<think>plan it</think>The answer"):
 
 
 def test_a_thinking_templates_section_is_a_thinking_block_only_when_thinking_is_on():
-    """Our models have no thinking section; a model file whose template has one gets its
-    section back as an (unsigned) thinking block when the request turns thinking on."""
+    """A model whose chat template has a thinking section gets its section back as an
+    (unsigned) thinking block when the request turns thinking on."""
     from asgi.messages_stream import MessageEvents
     on = MessageEvents("m", 4, thinking=True)
     events = _thinking_reply(on)

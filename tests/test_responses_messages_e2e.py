@@ -108,6 +108,23 @@ def test_responses_refusals_are_sdk_errors(openai_client):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=openai_client.base_url, api_key="wrong", max_retries=0).responses.create(
             model="tl", input="Hi")
+    with pytest.raises(openai.BadRequestError) as info:     # a wrong shape is a 400, as OpenAI's API answers
+        openai_client.responses.create(model="tl", input=5)
+    assert info.value.code == "invalid_type" and info.value.param == "input"
+
+
+def test_responses_output_fed_back_as_input_is_accepted(openai_client):
+    """An agent sends the whole previous output back as it got it from the SDK: message
+    items whose output_text carries annotations and logprobs, their id and status."""
+    first = openai_client.responses.create(model="tl", input="Hello", max_output_tokens=4, temperature=0)
+    message, = first.output
+    sent = message.model_dump(exclude_unset=True, mode="json")     # as the SDK serializes an item
+    assert set(sent) >= {"id", "status", "role", "content"}
+    assert set(sent["content"][0]) >= {"type", "text", "annotations", "logprobs"}
+    history = [{"role": "user", "content": "Hello"}, *first.output, {"role": "user", "content": "And then?"}]
+    second = openai_client.responses.create(model="tl", input=history, max_output_tokens=2, temperature=0)
+    assert second.status == "incomplete" and second.output[0].type == "message"
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
 
 
 # -------------------------------------------------------------------------------- Messages

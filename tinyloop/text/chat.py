@@ -10,7 +10,8 @@ Templates (the model file's `chat_template` names one, optionally as JSON with o
 - "chatml": <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n, with a
             default system message when the conversation has none (if the model has
             one); generation stops at <|im_end|>. Ouro's checkpoints ship this form; a
-            -Thinking model opens its own <think> block inside the assistant turn.
+            -Thinking model opens its own <think> block inside the assistant turn (a
+            request that turns thinking off gets it written empty and closed there).
 - "huginn": Huginn-0125's turns: [<|begin_text|>] <|begin_header|>role<|end_header|>\n\n
             content (trimmed) <|end_turn|> ..., the assistant called "Huginn", ending with
             <|begin_header|>Huginn<|end_header|>\n\n; generation stops at <|end_turn|>.
@@ -71,18 +72,31 @@ class ChatTemplate:
             return (_special_id(tokenizer, "<|end_turn|>"),)
         return ()
 
-    def render(self, messages: list[dict], tokenizer: Tokenizer, tools: list | None = None) -> list[int]:
+    def render(self, messages: list[dict], tokenizer: Tokenizer, tools: list | None = None,
+               think: bool = True) -> list[int]:
         """Messages ({role, content, tool_calls?}) -> prompt ids ending where the assistant
         speaks. tools: function declarations, written at the end of the system turn
-        (text/toolformat.py); they count against the context like any prompt text."""
+        (text/toolformat.py); they count against the context like any prompt text.
+        think False (a request that turns thinking off): a template with a thinking
+        section writes that section empty and closed after the assistant header, so the
+        model starts on its answer at once; a template without one ignores it."""
         messages = self._with_system(messages, tools)
+        answer_start = "" if think else self._empty_thinking()
         if self.name == "chatml":
-            return self._render_chatml(messages, tokenizer)
+            return self._render_chatml(messages, tokenizer, answer_start)
         if self.name == "huginn":
-            return self._render_huginn(messages, tokenizer)
-        return self._render_plain(messages, tokenizer)
+            return self._render_huginn(messages, tokenizer, answer_start)
+        return self._render_plain(messages, tokenizer, answer_start)
 
-    def _render_huginn(self, messages, tokenizer):
+    def _empty_thinking(self) -> str:
+        """A thinking section with nothing in it, written as a past turn's section is
+        (_text), so the model reads it as thinking already done."""
+        if self.thinking is None:
+            return ""
+        open_tag, close_tag = self.thinking
+        return f"{open_tag}\n\n{close_tag}\n\n"
+
+    def _render_huginn(self, messages, tokenizer, answer_start=""):
         begin, end_header = _special_id(tokenizer, "<|begin_header|>"), _special_id(tokenizer, "<|end_header|>")
         end_turn = _special_id(tokenizer, "<|end_turn|>")
         bos = tokenizer.token_to_id("<|begin_text|>")
@@ -91,7 +105,8 @@ class ChatTemplate:
             role = "Huginn" if message["role"] == "assistant" else message["role"]
             ids += ([begin] + tokenizer.encode(role) + [end_header] + tokenizer.encode("\n\n")
                     + tokenizer.encode(self._text(message).strip()) + [end_turn])
-        return ids + [begin] + tokenizer.encode("Huginn") + [end_header] + tokenizer.encode("\n\n")
+        return (ids + [begin] + tokenizer.encode("Huginn") + [end_header] + tokenizer.encode("\n\n")
+                + (tokenizer.encode(answer_start) if answer_start else []))
 
     def _with_system(self, messages, tools):
         messages = list(messages)
@@ -113,18 +128,18 @@ class ChatTemplate:
             text = (text + "\n" if text else "") + toolformat.calls_text(message["tool_calls"])
         return text
 
-    def _render_plain(self, messages, tokenizer):
+    def _render_plain(self, messages, tokenizer, answer_start=""):
         parts = [f"{message['role'].capitalize()}: {self._text(message)}\n" for message in messages]
-        parts.append("Assistant:")
+        parts.append("Assistant:" + (" " + answer_start if answer_start else ""))   # "Role: text", as above
         return tokenizer.encode("".join(parts))
 
-    def _render_chatml(self, messages, tokenizer):
+    def _render_chatml(self, messages, tokenizer, answer_start=""):
         start, end = _special_id(tokenizer, "<|im_start|>"), _special_id(tokenizer, "<|im_end|>")
         newline = tokenizer.encode("\n")
         ids: list[int] = []
         for message in messages:
             ids += [start] + tokenizer.encode(f"{message['role']}\n{self._text(message)}") + [end] + newline
-        return ids + [start] + tokenizer.encode("assistant\n")
+        return ids + [start] + tokenizer.encode("assistant\n" + answer_start)
 
 
 def _special_id(tokenizer: Tokenizer, token: str) -> int:

@@ -3,6 +3,8 @@
 Templates that have one (ChatTemplate.thinking = (open, close)) produce replies whose
 reasoning goes to `reasoning_content`, separate from `content`. A reply that does not
 open with the tag has no reasoning. Streamed: nothing that may still be a tag is shown.
+thinking_tokens counts the generated tokens that belong to the section (usage's
+reasoning_tokens).
 """
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ class ThinkingSplitter:
         self.content_started = False
         self.reasoning_started = False
         self.decided = False
+
+    @property
+    def closed(self) -> bool:
+        """The reply opened a thinking section and its closing tag has come."""
+        return self.thinking is not None and self.thinking.split
 
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning delta, content delta)."""
@@ -59,3 +66,30 @@ def split_thinking(text: str, open_tag: str, close_tag: str) -> tuple[str, str]:
     reasoning, content = splitter.feed(text)
     tail_reasoning, tail_content = splitter.finish()
     return reasoning + tail_reasoning, content + tail_content
+
+
+def thinking_tokens(token_ids: list, decode, open_tag: str, close_tag: str) -> int:
+    """How many of a reply's generated tokens belong to its thinking section: those up to
+    and including the one that completes the closing tag; all of them when the section
+    never closes (the reply was cut short); none when the reply does not open with the
+    tag. The real tokens are counted, not the section's text re-encoded (which could
+    tokenize differently): the shortest prefix of token_ids whose text closes the
+    section, found by bisection (a prefix that closes it stays closed as it grows)."""
+    def section(count: int) -> ThinkingSplitter:
+        splitter = ThinkingSplitter(open_tag, close_tag)
+        splitter.feed(decode(token_ids[:count]))
+        return splitter
+
+    whole = section(len(token_ids))
+    if whole.thinking is None:
+        return 0
+    if not whole.closed:
+        return len(token_ids)
+    low, high = 1, len(token_ids)           # section(high) is closed; find the first count that is
+    while low < high:
+        middle = (low + high) // 2
+        if section(middle).closed:
+            high = middle
+        else:
+            low = middle + 1
+    return high
