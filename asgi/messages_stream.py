@@ -84,9 +84,14 @@ class MessageEvents(ReplyEvents):
             reason = "end_turn"
         stop_sequence = stop_sequence if reason == "stop_sequence" else None
         self.message.update(stop_reason=reason, stop_sequence=stop_sequence)
-        self.message["usage"].update(input_tokens=outcome.result.prompt_tokens,
-                                     output_tokens=outcome.completion_tokens)
-        usage = {"input_tokens": outcome.result.prompt_tokens, "output_tokens": outcome.completion_tokens}
+        # Anthropic's accounting: input_tokens counts the prompt tokens after the cached prefix,
+        # cache_read_input_tokens the prefix the cache served (their sum is count_tokens'); caching
+        # is automatic here, so nothing is a cache write
+        cached = outcome.result.cached_tokens
+        counts = {"input_tokens": outcome.result.prompt_tokens - cached, "cache_read_input_tokens": cached,
+                  "output_tokens": outcome.completion_tokens}
+        self.message["usage"].update(counts)
+        usage = dict(counts)
         return events + [{"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop_sequence},
                           "usage": usage}, {"type": "message_stop"}]
 

@@ -28,6 +28,8 @@ class Metrics:
         self.admitted = 0
         self.refused = Counter()             # reason -> count (queue_full, draining, ...)
         self.settled = Counter()             # completed / cancelled / failed -> count
+        self.queue_sum = 0.0                 # seconds generations waited for a running place
+        self.queue_count = 0
 
     def on_admitted(self) -> None:
         with self._lock:
@@ -52,6 +54,8 @@ class Metrics:
     def on_job_done(self, result) -> None:
         """Every engine job, whether its client stayed or not (engine thread)."""
         with self._lock:
+            self.queue_sum += result.queue_s
+            self.queue_count += 1
             self.prompt_tokens += result.prompt_tokens
             self.completion_tokens += result.completion_tokens
             self.generations[(result.mode, result.finish_reason)] += 1
@@ -69,7 +73,7 @@ class Metrics:
                 if seconds <= bound:
                     self.ttft_buckets[i] += 1
 
-    def render(self, running: int, waiting: int, draining: bool = False) -> str:
+    def render(self, running: int, waiting: int, draining: bool = False, engine=None) -> str:
         lines = []
 
         def metric(name, kind, help_text, samples):
@@ -82,11 +86,14 @@ class Metrics:
         with self._lock:
             metric("tinyloop_requests_total", "counter", "HTTP requests by route and status.",
                    [({"route": r, "status": s}, n) for (r, s), n in sorted(self.requests.items())])
-            metric("tinyloop_generations_running", "gauge", "Generations running (0 or 1).", [({}, running)])
+            metric("tinyloop_generations_running", "gauge",
+                   "Generations running (stepped together, up to TINYLOOP_MAX_RUNNING).", [({}, running)])
             metric("tinyloop_generations_waiting", "gauge", "Generations waiting for the engine.",
                    [({}, waiting)])
             metric("tinyloop_draining", "gauge", "1 once the server was told to stop: it takes no new generations.",
                    [({}, int(draining))])
+            if engine is not None:
+                engine_samples(metric, lines, engine)
             metric("tinyloop_generations_total", "counter",
                    "Engine jobs by mode and finish reason (cancelled: the client left or a stop string matched).",
                    [({"mode": m, "finish_reason": f}, n) for (m, f), n in sorted(self.generations.items())])
@@ -121,6 +128,10 @@ class Metrics:
                    [({}, self.spec_drafted)])
             metric("tinyloop_speculative_accepted_tokens_total", "counter", "Draft tokens accepted.",
                    [({}, self.spec_accepted)])
+            metric("tinyloop_queue_seconds_sum", "counter", "Seconds finished generations waited for a running place.",
+                   [({}, round(self.queue_sum, 6))])
+            metric("tinyloop_queue_seconds_count", "counter", "Finished generations (the queue time's count).",
+                   [({}, self.queue_count)])
             metric("tinyloop_admitted_total", "counter", "Generations admitted to the engine's queue.",
                    [({}, self.admitted)])
             metric("tinyloop_refused_total", "counter", "Generations refused at admission, by reason.",
@@ -131,6 +142,46 @@ class Metrics:
         for name, kind, help_text, value in process_samples():
             metric(name, kind, help_text, [({}, value)])
         return "\n".join(lines) + "\n"
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def engine_samples(metric, lines, engine) -> None:
+    """The engine's steps (sequences per batched forward, rows), its KV pool's blocks and its
+    prefix cache (counters the engine thread keeps; read here without its lock: each value
+    is a plain int, and a scrape one step stale is fine)."""
+    stats, pool = engine.stats, engine.pool
+    metric("tinyloop_engine_steps_total", "counter", "Engine steps that ran a batched forward.", [({}, stats.steps)])
+    metric("tinyloop_engine_rows_total", "counter", "Token rows run by the engine's forwards (prompt chunks, decode "
+           "steps, draft and verify rows).", [({}, stats.rows)])
+    name = "tinyloop_engine_batch_size"
+    sizes = dict(stats.batch_sizes)
+    lines.append(f"# HELP {name} Sequences sharing each batched forward.")
+    lines.append(f"# TYPE {name} histogram")
+    for bound in BATCH_BUCKETS:
+        lines.append(f'{name}_bucket{{le="{bound}"}} {sum(n for size, n in sizes.items() if size <= bound)}')
+    lines.append(f'{name}_bucket{{le="+Inf"}} {sum(sizes.values())}')
+    lines.append(f"{name}_sum {sum(size * n for size, n in sizes.items())}")
+    lines.append(f"{name}_count {sum(sizes.values())}")
+    prefix = pool.prefix
+    cached = prefix.cached_blocks if prefix is not None else 0
+    metric("tinyloop_kv_blocks", "gauge", "KV pool blocks (64 rows of one layer instance each): held by running "
+           "generations, kept by the prefix cache only, free.",
+           [({"state": "held"}, pool.used_blocks - (prefix.idle_blocks if prefix is not None else 0)),
+            ({"state": "cached_idle"}, prefix.idle_blocks if prefix is not None else 0),
+            ({"state": "free"}, pool.usable_blocks - pool.used_blocks)])
+    metric("tinyloop_kv_block_bytes", "gauge", "Bytes of one KV pool block.", [({}, pool.block_bytes)])
+    metric("tinyloop_kv_reserved_blocks", "gauge", "KV blocks promised to running generations, not yet taken.",
+           [({}, pool.reserved)])
+    if prefix is not None:
+        metric("tinyloop_prefix_cache_blocks", "gauge", "KV blocks the prefix cache can serve (in use or idle).",
+               [({}, cached)])
+        metric("tinyloop_prefix_cache_lookups_total", "counter", "Prompt tokens looked up in the prefix cache, by "
+               "outcome (hit: their KV was reused).", [({"outcome": "hit"}, prefix.hit_tokens),
+                                                       ({"outcome": "miss"}, prefix.miss_tokens)])
+        metric("tinyloop_prefix_cache_evictions_total", "counter", "Idle cached blocks evicted for room.",
+               [({}, prefix.evictions)])
 
 
 def process_samples() -> list[tuple]:

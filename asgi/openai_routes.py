@@ -47,7 +47,9 @@ async def list_models(request, extended: bool = False):
 def usage(outcome: Outcome) -> dict:
     prompt = outcome.result.prompt_tokens
     return {"prompt_tokens": prompt, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": prompt + outcome.completion_tokens}
+            "total_tokens": prompt + outcome.completion_tokens,
+            # OpenAI's field: the prompt tokens whose keys and values came from the prefix cache
+            "prompt_tokens_details": {"cached_tokens": outcome.result.cached_tokens}}
 
 
 def stats(outcome: Outcome) -> dict:
@@ -60,7 +62,9 @@ def stats(outcome: Outcome) -> dict:
            # adaptive depth: {mean, histogram} of the generated tokens' depths; else the loop count
            "loops_used": result.loops if result.loops_used is None else loops_summary(result.loops_used),
            "time_to_first_token_ms": None if outcome.time_to_first_token_ms is None
-           else round(outcome.time_to_first_token_ms, 3)}
+           else round(outcome.time_to_first_token_ms, 3),
+           "queue_ms": round(result.queue_s * 1000, 3),                  # waiting for a running place
+           "cached_tokens": result.cached_tokens}                        # prompt tokens from the prefix cache
     if result.speculative is not None:
         out.update(result.speculative.to_dict())
     return out

@@ -19,7 +19,7 @@ async def metrics(request):
     engine = request.state.engine
     running = engine.running if engine else 0
     waiting = engine.waiting if engine else 0
-    await send_text(request.send, 200, request.state.metrics.render(running, waiting, request.state.draining),
+    await send_text(request.send, 200, request.state.metrics.render(running, waiting, request.state.draining, engine),
                     b"text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -107,9 +107,11 @@ class ResponseEvents(ReplyEvents):
         for call in calls:
             events += self._call(call)
         prompt, generated = outcome.result.prompt_tokens, outcome.completion_tokens
-        # cached_tokens, cache_write_tokens: every prompt is computed afresh (there is no prefix cache yet).
+        # cached_tokens: prompt tokens the prefix cache served; cache_write_tokens: 0, as caching is
+        # automatic and costs nothing extra (the SDK's type requires the field).
         self.response["usage"] = {"input_tokens": prompt,
-                                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                                  "input_tokens_details": {"cached_tokens": outcome.result.cached_tokens,
+                                                           "cache_write_tokens": 0},
                                   "output_tokens": generated,
                                   "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                                   "total_tokens": prompt + generated}

@@ -45,6 +45,10 @@ class Settings:
     kv_mode: str = "fp16"
     kv_budget_bytes: int | None = None
     drain_timeout_s: float = 30.0  # after SIGTERM: how long admitted generations may still run
+    max_running: int | None = None     # generations stepped together; None: the backend's default
+    prefill_chunk: int | None = None   # prompt rows per prefill forward; None: DEFAULT_PREFILL_CHUNK
+    step_tokens: int | None = None     # rows one engine step takes at most (prefill chunks); None: 2 chunks
+    prefix_cache: bool = True          # TINYLOOP_PREFIX_CACHE=0 turns the prefix cache off
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -65,4 +69,8 @@ class Settings:
             kv_mode=kv_mode_from_env(),
             kv_budget_bytes=kv_budget_from_env(),
             drain_timeout_s=_seconds("TINYLOOP_DRAIN_TIMEOUT", 30.0),
+            max_running=_int("TINYLOOP_MAX_RUNNING", 0, 1) or None,
+            prefill_chunk=_int("TINYLOOP_PREFILL_CHUNK", 0, 1) or None,
+            step_tokens=_int("TINYLOOP_STEP_TOKENS", 0, 1) or None,
+            prefix_cache=env_flag(os.environ, "TINYLOOP_PREFIX_CACHE", True),
         )

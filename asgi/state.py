@@ -73,16 +73,20 @@ class ServerState:
             template = ChatTemplate.from_metadata(loaded.file.chat_template)
             engine = Engine(loaded, self.settings.max_waiting, on_failure=self._engine_failed,
                             on_job_done=self.metrics.on_job_done, kv_budget_bytes=self.settings.kv_budget_bytes,
-                            faults=faults)
+                            faults=faults, max_running=self.settings.max_running,
+                            prefill_chunk=self.settings.prefill_chunk, step_tokens=self.settings.step_tokens,
+                            prefix_cache=self.settings.prefix_cache)
         except Exception as exc:         # noqa: BLE001 - any load failure keeps the server up, 503
             self._fail(f"model failed to load: {exc}")
             return
         self.loaded, self.template, self.engine = loaded, template, engine
         self.created = int(os.path.getmtime(path))
         self.status = READY
-        log.info("model %s loaded in %.2fs: device %s, KV cache %s (pool %.0f MiB), %s", path, loaded.load_s,
-                 loaded.backend.description, self.kv_cache_mode, engine.pool.nbytes / 2**20,
-                 loaded.file.quant_summary())
+        prefix = "on" if engine.prefix is not None else \
+            "off" if not self.settings.prefix_cache else "off (this backend's prefill rows are not row-exact)"
+        log.info("model %s loaded in %.2fs: device %s, KV cache %s (pool %.0f MiB, prefix cache %s), %s; up to %d "
+                 "generations at once", path, loaded.load_s, loaded.backend.description, self.kv_cache_mode,
+                 engine.pool.nbytes / 2**20, prefix, loaded.file.quant_summary(), engine.max_running)
 
     def _fail(self, reason: str) -> None:
         self.failure = reason

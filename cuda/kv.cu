@@ -1,7 +1,8 @@
 // KV cache writes and the accepted-path row copy.
 //
 // kv_write_<mode>: one launch stores a forward's new keys AND values (blockIdx.z picks the
-// side) at physical rows rows[t] of layer instance `slot`, in the layouts of cuda/README.md.
+// side) at physical rows rows[t] of one layer instance, whose block table row `blocks` maps
+// physical row r to pool row blocks[r / 64] * 64 + r % 64, in the layouts of cuda/README.md.
 // The int modes reproduce IntStore.quantize (backends/reference/kvstore.py) bit for bit; the
 // twin is tinyloop/backends/reference/twins/kv.py.
 //
@@ -40,16 +41,17 @@ __device__ void kv_fwht(float* x, int hd) {
 }
 
 // The row this block stores: keys or values of token blockIdx.x, head blockIdx.y,
-// copied to shared xs[hd]. Returns the row's index in the (n_slots, n_kv, rows) planes.
+// copied to shared xs[hd]. Returns the row's index in the pool's (n_kv, rows) planes.
 __device__ __forceinline__ long long kv_load_row(const float* keys, const float* values, int k_stride,
-                                                 int v_stride, int slot, const int* rows, int n_kv,
+                                                 int v_stride, const int* blocks, const int* rows, int n_kv,
                                                  int n_rows, int hd, float* xs) {
     int t = blockIdx.x, g = blockIdx.y;
     const float* src = blockIdx.z ? values + (long long)t * v_stride : keys + (long long)t * k_stride;
     src += g * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = src[d];
     __syncthreads();
-    return ((long long)slot * n_kv + g) * n_rows + rows[t];
+    const int r = rows[t];
+    return (long long)g * n_rows + (long long)blocks[r / TL_BLOCK] * TL_BLOCK + r % TL_BLOCK;
 }
 
 template <typename T> __device__ __forceinline__ T kv_cast(float x);
@@ -58,9 +60,9 @@ template <> __device__ __forceinline__ __half kv_cast<__half>(float x) { return 
 
 template <typename T>
 __device__ void kv_write_float(float* kv_smem, const float* keys, const float* values, int k_stride,
-                               int v_stride, T* key_data, T* value_data, int slot, const int* rows, int n_kv,
+                               int v_stride, T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv,
                                int n_rows, int hd) {
-    long long row = kv_load_row(keys, values, k_stride, v_stride, slot, rows, n_kv, n_rows, hd, kv_smem);
+    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, kv_smem);
     T* dst = (blockIdx.z ? value_data : key_data) + row * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_cast<T>(kv_smem[d]);
 }
@@ -70,13 +72,13 @@ template <int BITS, bool ROTATE>
 __device__ void kv_write_int(float* kv_smem, const float* keys, const float* values, int k_stride, int v_stride,
                              unsigned char* key_codes, __half* key_scale, __half* key_min,
                              unsigned char* value_codes, __half* value_scale, __half* value_min,
-                             int slot, const int* rows, int n_kv, int n_rows, int hd) {
+                             const int* blocks, const int* rows, int n_kv, int n_rows, int hd) {
     const int levels = (1 << BITS) - 1, per_byte = 8 / BITS;
     const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
     float* xs = kv_smem;                   // (hd,) the row, rotated for int4-h
     float* safe_scale = xs + hd;           // (groups,) the stored scale widened, 1 where it is 0
     float* low = safe_scale + groups;      // (groups,) the stored min widened
-    long long row = kv_load_row(keys, values, k_stride, v_stride, slot, rows, n_kv, n_rows, hd, xs);
+    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, xs);
     if (ROTATE) kv_fwht(xs, hd);
     bool side = blockIdx.z;
     // per group: min and max (order-free), then f16 scale = half((max - min) / levels), f16 min
@@ -110,34 +112,35 @@ __device__ void kv_write_int(float* kv_smem, const float* keys, const float* val
 }
 
 #define KV_FLOAT_ARGS(T) const float* keys, const float* values, int k_stride, int v_stride, \
-    T* key_data, T* value_data, int slot, const int* rows, int n_kv, int n_rows, int hd
+    T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv, int n_rows, int hd
 #define KV_INT_ARGS const float* keys, const float* values, int k_stride, int v_stride, \
     unsigned char* key_codes, __half* key_scale, __half* key_min, \
     unsigned char* value_codes, __half* value_scale, __half* value_min, \
-    int slot, const int* rows, int n_kv, int n_rows, int hd
+    const int* blocks, const int* rows, int n_kv, int n_rows, int hd
 #define KV_INT_PASS keys, values, k_stride, v_stride, key_codes, key_scale, key_min, \
-    value_codes, value_scale, value_min, slot, rows, n_kv, n_rows, hd
+    value_codes, value_scale, value_min, blocks, rows, n_kv, n_rows, hd
 
 // The dynamic shared array is declared in each kernel, not in the templates: the CPU harness
 // (tests/cudasim) only resolves `extern __shared__` declared outside templates.
 extern __shared__ float kv_smem[];
 
 extern "C" __global__ void kv_write_fp32(KV_FLOAT_ARGS(float)) {
-    kv_write_float<float>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, slot, rows, n_kv,
+    kv_write_float<float>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
                           n_rows, hd);
 }
 extern "C" __global__ void kv_write_fp16(KV_FLOAT_ARGS(__half)) {
-    kv_write_float<__half>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, slot, rows, n_kv,
+    kv_write_float<__half>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
                            n_rows, hd);
 }
 extern "C" __global__ void kv_write_int8(KV_INT_ARGS) { kv_write_int<8, false>(kv_smem, KV_INT_PASS); }
 extern "C" __global__ void kv_write_int4(KV_INT_ARGS) { kv_write_int<4, false>(kv_smem, KV_INT_PASS); }
 extern "C" __global__ void kv_write_int4h(KV_INT_ARGS) { kv_write_int<4, true>(kv_smem, KV_INT_PASS); }
 
-// Accepted-path row copy, any stored array seen as bytes: (n_planes, n_rows, row_bytes) with
-// n_planes = n_slots * n_kv. Two launches through scratch (n_planes, n, row_bytes), so a
+// Accepted-path row copy, any stored pool array seen as bytes: (n_planes, n_rows, row_bytes)
+// with n_planes = n_kv; source and target are pool rows (every slot's, translated through the
+// block table by the launcher). Two launches through scratch (n_planes, n, row_bytes), so a
 // target that is also a source is read before it is written: the semantics of NumPy's
-// array[:, :, target] = array[:, :, source] (targets must be distinct).
+// array[:, target] = array[:, source] (targets must be distinct).
 // Grid (n, n_planes), block COPY_THREADS: one block per (row i, plane).
 __device__ __forceinline__ void kv_copy_bytes(unsigned char* dst, const unsigned char* src, int n_bytes) {
     if (((n_bytes | (int)((unsigned long long)dst | (unsigned long long)src)) & 3) == 0) {

@@ -11,7 +11,7 @@ from test_server_asgi import ready_app
 
 from tinyloop.convert.from_hf import convert_hf
 from tinyloop.engine.adaptive import AdaptiveDecoder, loops_summary
-from tinyloop.engine.decode import prefill
+from tinyloop.engine.decode import prefill, run_alone
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.engine.sampling import Sampler, SamplingParams
 from tinyloop.engine.speculative import SpeculativeParams
@@ -40,6 +40,11 @@ def decoder_after(model, prompt, threshold, max_tokens=4):
     return decoder
 
 
+def decode_one(decoder, token, position):
+    """One adaptive step on this thread (the decoder yields its forwards) -> (logits, iterations run)."""
+    return run_alone(decoder.model, decoder.decode(token, position))
+
+
 def ouro_exit_steps(lambdas: np.ndarray, threshold: float) -> np.ndarray:
     """Ouro's rule, written from its definition: pdf_i = lambda_i prod_{j<i}(1 - lambda_j), the
     last step takes the rest; exit at the first step whose CDF reaches the threshold. -> 1-based."""
@@ -63,7 +68,7 @@ def test_ouro_gate_exits_where_the_reference_does(paths, threshold):
     assert len(set(expected[1:])) > 1 or threshold == 0.95        # the thresholds really split the tokens
     for position in range(1, len(prompt)):
         decoder = decoder_after(model, prompt[:position], threshold)
-        logits, used = decoder.decode(prompt[position], position)
+        logits, used = decode_one(decoder, prompt[position], position)
         assert used == expected[position], (position, threshold)
         reference = data["logits"][used - 1][position]
         assert np.abs(model.backend.to_host(logits)[0] - reference).max() <= 1e-4
@@ -96,7 +101,7 @@ def test_kl_rule_exits_at_the_first_small_divergence(paths):
     for threshold in np.geomspace(min(kl) / 2, max(kl) * 2, 80):
         expected = next((n + 1 for n, value in enumerate(kl) if value < threshold), depth)
         decoder = decoder_after(model, prompt[:-1], threshold)
-        logits, used = decoder.decode(prompt[-1], len(prompt) - 1)
+        logits, used = decode_one(decoder, prompt[-1], len(prompt) - 1)
         assert used == expected, (threshold, kl)
         assert np.abs(model.backend.to_host(logits)[0] - rows[used - 1]).max() <= 1e-4
         seen.add(used)
@@ -110,9 +115,9 @@ def test_a_cumulative_probability_equal_to_the_threshold_exits(paths):
     probe = decoder_after(model, prompt[:4], 1.0)
     plan = model.plan(np.array([4]), 4, probe.cache)
     lam = float(model.exit_lambda(model.trunk(prompt[4:5], plan, probe.cache, 1).hidden)[0])
-    _, used = decoder_after(model, prompt[:4], lam).decode(prompt[4], 4)
+    _, used = decode_one(decoder_after(model, prompt[:4], lam), prompt[4], 4)
     assert used == 1
-    _, used = decoder_after(model, prompt[:4], np.nextafter(lam, 1.0)).decode(prompt[4], 4)
+    _, used = decode_one(decoder_after(model, prompt[:4], np.nextafter(lam, 1.0)), prompt[4], 4)
     assert used > 1
 
 
@@ -120,7 +125,7 @@ def test_skipped_iterations_hold_the_last_computed_kv(paths):
     model = load_model(paths["ouro"], "cpu", kv_mode="fp32").model
     prompt = [int(t) for t in np.load(DATA / "ouro" / "golden.npz")["prompt"]]
     decoder = decoder_after(model, prompt[:3], 0.2)
-    _, used = decoder.decode(prompt[3], 3)
+    _, used = decode_one(decoder, prompt[3], 3)
     assert used < model.config.default_loops
     stored = model.backend.kv_stored(decoder.cache.storage, np.array([3]))
     for name, array in stored.items():                     # (slots, n_kv, 1, ...)
@@ -233,7 +238,8 @@ def test_metrics_histogram_text():
 
     from asgi.metrics import Metrics
     metrics = Metrics()
-    job = dict(prompt_tokens=3, completion_tokens=4, mode="plain", finish_reason="length", speculative=None)
+    job = dict(prompt_tokens=3, completion_tokens=4, mode="plain", finish_reason="length", speculative=None,
+               queue_s=0.0)
     metrics.on_job_done(SimpleNamespace(**job, loops_used=[4, 1, 2, 4, 40]))
     metrics.on_job_done(SimpleNamespace(**job, loops_used=None))
     lines = set(metrics.render(0, 0).splitlines())

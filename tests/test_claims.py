@@ -236,7 +236,7 @@ def test_each_setting_reaches_the_server(monkeypatch, tmp_path, model_path):
         assert body.json()["runtime"]["commit"] == "deadbeef" and body.json()["runtime"]["device"] == "cpu"
         assert body.json()["runtime"]["activations"] == "fp16"
         assert body.json()["model_info"]["kv_cache_mode"] == "int8"
-        assert app.state.engine.pool.nbytes == 64 * 2**20
+        assert app.state.engine.pool.budget_bytes == 64 * 2**20
         big = run(call(app, "POST", "/generate", body=b'{"prompt": "' + b"x" * 2100 + b'"}', key="k-from-env"))
         assert big.status == 413
         assert run(call(app, "GET", "/health", key="test-key")).status == 401
@@ -352,21 +352,24 @@ def test_a_window_is_a_ring_of_window_plus_66_rows_rounded_up_to_64(window, rows
     assert physical_rows_needed(5000, window) == rows
 
 
-def test_the_default_kv_pool_is_the_largest_request_capped_at_4_gib_and_a_quarter_of_memory(monkeypatch):
+def test_the_default_kv_pool_is_4_gib_capped_at_a_quarter_of_memory_or_the_devices_share(monkeypatch):
     gib = 2**30
 
+    class Backend:
+        def __init__(self, device_share):
+            self.device_share = device_share
+
+        def kv_pool_bytes(self):
+            return self.device_share
+
     class Model:
-        def __init__(self, worst):
-            self.worst = worst
+        def __init__(self, device_share=None):
+            self.backend = Backend(device_share)
 
-        def worst_case_cache_bytes(self):
-            return self.worst
-
-    for worst, memory, expected in [(1 * gib, 64 * gib, 1 * gib), (10 * gib, 64 * gib, 4 * gib),
-                                    (10 * gib, 8 * gib, 2 * gib), (3 * gib, None, 3 * gib),
-                                    (9 * gib, None, 4 * gib)]:
+    for memory, expected in [(64 * gib, 4 * gib), (8 * gib, 2 * gib), (None, 4 * gib)]:
         monkeypatch.setattr(kv_pool, "physical_memory_bytes", lambda memory=memory: memory)
-        assert kv_pool.default_pool_bytes(Model(worst)) == expected, (worst, memory)
+        assert kv_pool.default_pool_bytes(Model()) == expected, memory
+    assert kv_pool.default_pool_bytes(Model(device_share=70 * gib)) == 70 * gib      # a GPU: half its free memory
 
 
 @pytest.mark.parametrize("env, named", [
@@ -604,13 +607,14 @@ def test_the_verify_pass_reuses_the_drafts_prelude_and_first_draft_loops_iterati
     draft, verify = 2, 6
     prompt = [5, 6, 7]
     rows = Counter()
-    layer = type(model).layer
+    layer_rows = type(model).layer_rows
 
-    def counting(self, weights, h, plan, cache, slot, capture=None, kept=None):
-        if plan.exact:                                       # decode steps, drafts, verifies; not the prefill
-            rows[slot] += h.shape[0]
-        return layer(self, weights, h, plan, cache, slot, capture, kept)
-    monkeypatch.setattr(type(model), "layer", counting)
+    def counting(self, weights, h, parts, slots, capture=None):
+        for (start, stop, part), slot in zip(parts.parts, slots):
+            if part.plan.exact:                              # decode steps, drafts, verifies; not the prefill
+                rows[slot] += stop - start
+        return layer_rows(self, weights, h, parts, slots, capture)
+    monkeypatch.setattr(type(model), "layer_rows", counting)
     params = SpeculativeParams(draft, verify, 3, branches)
     spec = generate(model, GenerationRequest(prompt, 24, ignore_eos=True, mode="speculative" if branches == 1
                                              else "tree_speculative", speculative=params))

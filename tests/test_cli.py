@@ -72,7 +72,8 @@ def test_info_kv_sizes_count_keys_and_values_once(tmp_path, capsys, monkeypatch)
 
 SERVE_VARIABLES = ("TINYLOOP_MODEL_PATH", "TINYLOOP_MAX_WAITING", "TINYLOOP_AUTH", "TINYLOOP_STATE_DIR",
                    "TINYLOOP_DEVICE", "TINYLOOP_EXIT_ON_FAILURE", "TINYLOOP_KV_CACHE", "TINYLOOP_DRAIN_TIMEOUT",
-                   "TINYLOOP_ACTIVATIONS")
+                   "TINYLOOP_ACTIVATIONS", "TINYLOOP_MAX_RUNNING", "TINYLOOP_PREFIX_CACHE", "TINYLOOP_PREFILL_CHUNK",
+                   "TINYLOOP_STEP_TOKENS")
 
 
 @pytest.fixture
@@ -138,6 +139,25 @@ def test_serve_drain_timeout_flag_variable_and_default(serve_settings, monkeypat
 def test_serve_defaults_without_flags_or_variables(serve_settings):
     settings = serve_settings()
     assert (settings.max_waiting, settings.device, settings.auth, settings.exit_on_failure) == (8, None, True, False)
+    assert (settings.max_running, settings.prefix_cache, settings.prefill_chunk) == (None, True, None)
+
+
+def test_serve_batching_flags_and_variables(serve_settings, monkeypatch):
+    """--max-running and --no-prefix-cache set their variables; the variables are read, and bad
+    values are refused by name at start."""
+    from asgi.settings import Settings
+    from tinyloop.errors import TinyLoopError
+
+    settings = serve_settings(TINYLOOP_MAX_RUNNING="3", TINYLOOP_PREFILL_CHUNK="64", TINYLOOP_STEP_TOKENS="200")
+    assert (settings.max_running, settings.prefill_chunk, settings.step_tokens) == (3, 64, 200)
+    settings = serve_settings("--max-running", "1", "--no-prefix-cache")
+    assert (settings.max_running, settings.prefix_cache) == (1, False)
+    for name, wrong in (("TINYLOOP_MAX_RUNNING", "0"), ("TINYLOOP_MAX_RUNNING", "many"),
+                        ("TINYLOOP_PREFILL_CHUNK", "-5"), ("TINYLOOP_PREFIX_CACHE", "perhaps")):
+        monkeypatch.setenv(name, wrong)
+        with pytest.raises(TinyLoopError, match=name):
+            Settings.from_env()
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize("name, value, message", [

@@ -12,18 +12,27 @@ from tinyloop.backends.cpu.kernels import attention as kernel
 from tinyloop.backends.cpu.kernels import attention_oracle as oracle
 from tinyloop.backends.cpu.kernels.lanes import dot16_numpy
 from tinyloop.backends.cpu.kernels.rotation import rotate
-from tinyloop.backends.cpu.kvstore import KVStorage, kernel_bits, kv_write
+from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage, kernel_bits, kv_write
 from tinyloop.kv.modes import group_size, hadamard
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
-pytestmark = pytest.mark.slow      # the experimental numba backend (TINYLOOP_CPU_KERNELS=numba): -m slow
+pytestmark = pytest.mark.slow      # the compiled kernels against their oracles, at length: -m slow
 
 F = np.float32
 MODES = ["fp32", "fp16", "int8", "int4", "int4-h"]
 
 
+def paged(mode, n_slots, n_kv, rows, head_dim, rng=None):
+    """A cache's storage over a pool with spare blocks, its block table shuffled (rng) or in
+    order: the kernels must follow the table, wherever it puts a block."""
+    blocks = rows // 64
+    ids = np.arange(1, n_slots * blocks + 1) if rng is None else rng.permutation(n_slots * blocks + 3)[:n_slots * blocks] + 1
+    table = ids.astype(np.int32).reshape(n_slots, blocks)
+    return KVStorage(PoolStorage(mode, n_kv, 64 * (n_slots * blocks + 4), head_dim), table)
+
+
 def filled(mode, n_kv, head_dim, rows, rng, n_slots=2):
-    storage = KVStorage(mode, n_slots, n_kv, rows, head_dim)
+    storage = paged(mode, n_slots, n_kv, rows, head_dim, rng)
     for slot in range(n_slots):
         keys = (rng.standard_normal((rows, n_kv, head_dim)) * 1.5).astype(F)
         values = rng.standard_normal((rows, n_kv, head_dim)).astype(F)
@@ -34,13 +43,13 @@ def filled(mode, n_kv, head_dim, rows, rng, n_slots=2):
 def run(storage, q, slot, positions, window=0, ring_blocks=0, shared_end=kernel.NO_TREE, tail_rows=None,
         scale=0.3, **force):
     return kernel.attend(q, kernel_bits(storage.mode), group_size(storage.head_dim), storage.keys,
-                         storage.values, slot, positions, window, ring_blocks, shared_end, tail_rows, scale,
+                         storage.values, storage.table[slot], positions, window, ring_blocks, shared_end, tail_rows, scale,
                          rotate=storage.mode == "int4-h", **force)
 
 
 def run_oracle(storage, q, slot, positions, window=0, ring_blocks=0, shared_end=kernel.NO_TREE, tail_rows=None,
                scale=0.3):
-    return oracle.attention(storage.mode, q, storage.keys, storage.values, slot, positions, window, ring_blocks,
+    return oracle.attention(storage.mode, q, storage.keys, storage.values, storage.table[slot], positions, window, ring_blocks,
                             shared_end, tail_rows, scale)
 
 
@@ -160,15 +169,16 @@ def test_a_tree_node_gets_the_bits_of_a_sequential_decode_of_its_path(mode):
     backend = CpuBackend()
     tree = backend.attention(q, storage, 0, plan, 0.25)
     for i in range(len(positions)):
-        linear = KVStorage(mode, 1, 2, rows, 64)
+        linear = paged(mode, 1, 2, rows, 64)                        # its table in order: pool row = row + 64
         for side in ("keys", "values"):
             for name, array in getattr(storage, side).items():
                 if name == "blocks":
                     continue
                 target = getattr(linear, side)[name]
-                target[...] = array
+                everything = storage.pool_rows(0, np.arange(rows))
+                target[:, linear.pool_rows(0, np.arange(rows))] = array[:, everything]
                 path = path_rows[i, :positions[i] - base + 1]
-                target[0][:, base:positions[i] + 1] = array[0][:, path]
+                target[:, linear.pool_rows(0, np.arange(base, positions[i] + 1))] = array[:, storage.pool_rows(0, path)]
         alone = backend.attention(q[i:i + 1], linear, 0, build_plan(positions[i:i + 1], int(positions[i]),
                                                                      Geometry(rows, None, 0)), 0.25)
         assert np.array_equal(alone[0], tree[i]), i
@@ -181,9 +191,11 @@ def test_masked_rows_contribute_exactly_nothing_even_when_they_hold_nan():
     positions = np.array([70, 100, 130])
     clean = run(storage, q, 0, positions, window=40)
     for name in ("keys", "values"):
-        data = getattr(storage, name)["data"][0]
-        data[:, 131:] = np.nan
-        data[:, :30] = np.inf
+        data = getattr(storage, name)["data"]
+        data[:, storage.pool_rows(0, np.arange(131, 256))] = np.nan
+        data[:, storage.pool_rows(0, np.arange(30))] = np.inf
+        unheld = sorted(set(range(data.shape[1] // 64)) - set(storage.table.ravel().tolist()))
+        data[:, (np.array(unheld)[:, None] * 64 + np.arange(64)).ravel()] = np.nan   # the null block, the unheld
     assert np.array_equal(run(storage, q, 0, positions, window=40), clean)
 
 
@@ -264,13 +276,13 @@ def test_kv_write_kernel_equals_the_numpy_stores(mode, head_dim, n_tokens):
     """kvstore.kv_write (compiled) == store_for(mode).store of the (FWHT-rotated) rows, every byte."""
     from tinyloop.backends.cpu.kvstore import store_for
     rng = np.random.default_rng(head_dim * 100 + n_tokens)
-    got, want = (KVStorage(mode, 2, 3, 128, head_dim) for _ in range(2))
+    got, want = (paged(mode, 2, 3, 128, head_dim, np.random.default_rng(5)) for _ in range(2))
     rows = rng.permutation(128)[:n_tokens]
     keys, values = ((rng.standard_normal((n_tokens, 3, head_dim)) * 4).astype(F) for _ in range(2))
     keys[0, 0, :] = 1.5                                       # a constant group: scale 0
     kv_write(got, 1, rows, keys, values)
     for side, x, ones in (("keys", keys, False), ("values", values, True)):
-        store_for(mode, ones).store(getattr(want, side), 1, rows, oracle.fwht(x) if mode == "int4-h" else x)
+        store_for(mode, ones).store(getattr(want, side), want.pool_rows(1, rows), oracle.fwht(x) if mode == "int4-h" else x)
         for name, array in getattr(want, side).items():
             assert np.array_equal(getattr(got, side)[name].view(np.uint8), array.view(np.uint8)), (side, name)
 
@@ -308,11 +320,11 @@ def test_the_fp16_mode_stores_half_bits_in_two_bytes_a_value():
     from tinyloop.backends.reference.kvstore import bytes_per_row as numpy_bytes_per_row
     from tinyloop.backends.cpu.kvstore import bytes_per_row
     rng = np.random.default_rng(31)
-    storage = KVStorage("fp16", 1, 2, 128, 64)
+    storage = paged("fp16", 1, 2, 128, 64)
     x = rng.standard_normal((3, 2, 64)).astype(F)
     kv_write(storage, 0, np.array([5, 9, 100]), x, -x)
-    assert storage.keys["data"].dtype == np.uint16 and storage.values["data"].shape == (1, 2, 128, 64)
-    assert np.array_equal(storage.keys["data"][0][:, [5, 9, 100]].transpose(1, 0, 2),
+    assert storage.keys["data"].dtype == np.uint16 and storage.values["data"].shape == (2, 64 * 6, 64)
+    assert np.array_equal(storage.keys["data"][:, storage.pool_rows(0, [5, 9, 100])].transpose(1, 0, 2),
                           x.astype(np.float16).view(np.uint16))
     assert bytes_per_row("fp16", 2, 64) == 2 * 2 * 64 * 2
     assert numpy_bytes_per_row("fp16", 2, 64) > 2 * bytes_per_row("fp16", 2, 64) - 64

@@ -19,26 +19,37 @@ from tinyloop.backends.reference import NumpyBackend
 from tinyloop.backends.reference.twins import attention as twin
 from tinyloop.backends.reference.twins import kv as twin_kv
 from tinyloop.backends.cuda.launch import attention as launch
-from tinyloop.backends.cuda.launch.kv import DeviceKV
+from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
 MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]
 
 
 def host_cache(mode, n_kv, head_dim, rows, seed, n_slots=2):
-    """Host arrays in the device layout, every row of every slot holding random keys and
-    values stored by the kv twin (the kv kernels equal it: test_cuda_kv.py)."""
+    """A cache's storage in the device layout on the host: a pool with spare blocks (NaN in the
+    float ones, 0xFF bytes in the codes: never read) seen through a shuffled block table,
+    every row of every slot holding random keys and values stored by the kv twin (the kv
+    kernels equal it: test_cuda_kv.py)."""
     rng = np.random.default_rng(seed)
-    kv = DeviceKV.allocate(mode, n_slots, n_kv, rows, head_dim)
+    blocks = rows // 64
+    table = (rng.permutation(n_slots * blocks + 3)[:n_slots * blocks] + 1).astype(np.int32).reshape(n_slots, blocks)
+    pool = DeviceKV.allocate(mode, n_kv, 64 * (table.size + 4), head_dim)
+    for array in pool.arrays():
+        array.view(np.uint8)[...] = 0xFF
+    kv = DeviceView(pool, table, table.copy(), lambda buffer, values: np.copyto(buffer, values))
     for slot in range(n_slots):
         keys, values = (rng.standard_normal((2, rows, n_kv, head_dim)) * [[[[1.5]]], [[[1.0]]]]).astype(F)
-        twin_kv.kv_write(mode, kv.keys, kv.values, slot, np.arange(rows), keys, values)
+        twin_kv.kv_write(mode, kv.keys, kv.values, kv.table[slot], np.arange(rows), keys, values)
     return kv
 
 
 def on_device(device, kv):
-    return DeviceKV(kv.mode, kv.n_slots, kv.n_kv, kv.rows, kv.head_dim,
+    pool = DeviceKV(kv.mode, kv.n_kv, kv.pool.rows, kv.head_dim,
                     *({n: device.asarray(a) for n, a in side.items()} for side in (kv.keys, kv.values)))
+
+    def upload(buffer, values):
+        buffer[...] = device.asarray(np.asarray(values, np.int32))
+    return DeviceView(pool, kv.table, device.zeros(kv.table.shape, np.int32), upload)
 
 
 def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_end=twin.NO_TREE,
@@ -51,7 +62,7 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
     out = device.zeros(q.shape, F)
     tail_dev = None if tail_rows is None else device.asarray(np.ascontiguousarray(tail_rows, np.int32))
     tail_len = 0 if tail_rows is None else tail_rows.shape[1]
-    chunks = launch.max_chunks(kv_dev.rows, window, ring_blocks, shared_end, tail_len)
+    chunks = launch.max_chunks(kv_dev.rows, window, ring_blocks, shared_end, tail_len)     # the cache's rows
     launch.attention(device.module("attention"), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
                      window, ring_blocks, device.asarray(np.array([shared_end], np.int32)), tail_dev, tail_len,
                      scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}))
@@ -59,12 +70,19 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
 
 
 def cpu_attention(kv, q, slot, plan, scale):
-    """The CPU backend's attention over the very same stored values."""
-    storage = NumpyBackend().kv_storage(kv.mode, kv.n_slots, kv.n_kv, kv.rows, kv.head_dim)
+    """The NumPy reference backend's attention over the very same stored values and table."""
+    cpu = NumpyBackend()
+    storage = cpu.kv_view(cpu.kv_pool(kv.mode, kv.n_kv, kv.pool.rows, kv.head_dim), kv.table)
+    cpu.kv_init_blocks(storage.pool, kv.table.ravel())           # as the pool does when it hands blocks out
     for mine, theirs in ((kv.keys, storage.keys), (kv.values, storage.values)):
         for name, array in mine.items():
             theirs[name][..., :array.shape[-1]] = array
-    return NumpyBackend().attention(q, storage, slot, plan, scale)
+    return cpu.attention(q, storage, slot, plan, scale)
+
+
+def pool_rows(kv, slot, rows):
+    rows = np.asarray(rows, np.int64)
+    return kv.table[slot, rows // 64].astype(np.int64) * 64 + rows % 64
 
 
 def bits_equal(a, b) -> bool:
@@ -86,7 +104,7 @@ def test_attention_equals_twin_and_approximates_cpu(kernel_device, mode, head_di
     positions = np.arange(last - n_queries + 1, last + 1)
     scale = 1 / np.sqrt(head_dim)
     got = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions, scale=scale)
-    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, 1, positions, scale=scale))
+    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, scale=scale))
     plan = build_plan(positions, int(positions[0]), Geometry(rows, None, 0))
     np.testing.assert_allclose(got, cpu_attention(kv, q, 1, plan, scale), rtol=1e-5, atol=1e-5)
 
@@ -100,7 +118,7 @@ def test_window_across_the_ring_seam(kernel_device, mode):
     q = np.random.default_rng(8).standard_normal((16, 4, 32)).astype(F)
     positions = np.arange(300, 316)
     got = kernel(kernel_device, on_device(kernel_device, kv), q, 0, positions, window, rows // 64)
-    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, 0, positions, window, rows // 64,
+    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, window, rows // 64,
                                           scale=0.125))
     plan = build_plan(positions, 300, Geometry(rows, rows, window))
     np.testing.assert_allclose(got, cpu_attention(kv, q, 0, plan, 0.125), rtol=1e-5, atol=1e-5)
@@ -142,17 +160,19 @@ def test_tree_of_65_nodes(kernel_device, mode, rows, base):
     a = plan.attention
     assert a.n_tail and a.tail_rows.shape == (65, a.n_tail * 64)
     got = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions, 0, 0, a.shared_end, a.tail_rows)
-    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, 1, positions, 0, 0, a.shared_end,
+    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, 0, 0, a.shared_end,
                                           a.tail_rows, 0.125))
     np.testing.assert_allclose(got, cpu_attention(kv, q, 1, plan, 0.125), rtol=1e-5, atol=1e-5)
 
     deepest = int(np.argmax(positions))
     for node in sorted({0, 1, 33, 64, deepest}):
         path = paths[node]
-        plain = DeviceKV(kv.mode, kv.n_slots, kv.n_kv, kv.rows, kv.head_dim,
-                         *({n: x.copy() for n, x in side.items()} for side in (kv.keys, kv.values)))
-        for array in plain.arrays():
-            array[:, :, base:base + len(path)] = array[:, :, path]
+        plain_pool = DeviceKV(kv.mode, kv.n_kv, kv.pool.rows, kv.head_dim,
+                              *({n: x.copy() for n, x in side.items()} for side in (kv.keys, kv.values)))
+        plain = DeviceView(plain_pool, kv.table, kv.table.copy(), lambda buffer, values: np.copyto(buffer, values))
+        for array in plain_pool.arrays():
+            for slot in range(kv.n_slots):
+                array[:, pool_rows(kv, slot, np.arange(base, base + len(path)))] = array[:, pool_rows(kv, slot, path)]
         alone = kernel(kernel_device, on_device(kernel_device, plain), q[node:node + 1], 1, positions[node:node + 1])
         assert bits_equal(alone, got[node:node + 1]), f"node {node}"
 
@@ -169,7 +189,7 @@ def test_each_query_alone_gets_its_batch_bits(kernel_device, mode):
     q = rng.standard_normal((len(positions), 4, 64)).astype(F)
     for window in (0, 70):
         batch = kernel(kernel_device, kv_dev, q, 0, positions, window)
-        assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, 0, positions, window, scale=0.125))
+        assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, window, scale=0.125))
         for i in range(len(positions)):
             alone = kernel(kernel_device, kv_dev, q[i:i + 1], 0, positions[i:i + 1], window)
             assert bits_equal(alone, batch[i:i + 1]), (window, i)
@@ -183,7 +203,7 @@ def test_group_of_16_over_48k_shared(kernel_device):
     q = np.random.default_rng(14).standard_normal((2, 16, 128)).astype(F)
     positions = np.array([70, 100])
     got = kernel(kernel_device, on_device(kernel_device, kv), q, 0, positions)
-    assert bits_equal(got, twin.attention("int8", q, kv.keys, kv.values, 0, positions, scale=0.125))
+    assert bits_equal(got, twin.attention("int8", q, kv.keys, kv.values, kv.table[0], positions, scale=0.125))
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int4"])
@@ -194,7 +214,7 @@ def test_long_context(kernel_device, mode):
     q = np.random.default_rng(16).standard_normal((2, 2, 64)).astype(F)
     positions = np.array([3999, 4020])
     got = kernel(kernel_device, on_device(kernel_device, kv), q, 0, positions)
-    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, 0, positions, scale=0.125))
+    assert bits_equal(got, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, scale=0.125))
     plan = build_plan(positions, 3999, Geometry(rows, None, 0))
     np.testing.assert_allclose(got, cpu_attention(kv, q, 0, plan, 0.125), rtol=1e-5, atol=1e-5)
 
@@ -242,7 +262,7 @@ def test_many_chunks_row_invariant(kernel_device, mode):
     q = np.random.default_rng(22).standard_normal((len(positions), 6, 32)).astype(F)
     for window in (0, 300, 200):              # 700 - 300 + 1 = 401: block 6, chunk 1, mid-block too
         batch = kernel(kernel_device, kv_dev, q, 0, positions, window)
-        assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, 0, positions, window, scale=0.125))
+        assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, window, scale=0.125))
         plan = build_plan(positions, 0, Geometry(rows, None, window))
         np.testing.assert_allclose(batch, cpu_attention(kv, q, 0, plan, 0.125), rtol=1e-5, atol=1e-5)
         for i in range(len(positions)):
@@ -263,7 +283,7 @@ def test_ring_seam_inside_a_chunk(kernel_device, mode):
     seam = rows // 64                                   # logical block 5 is stored at physical block 0
     assert 3 // S < seam // S < 8 // S and seam % S     # chunk 1, not its first block: inside the chunk
     batch = kernel(kernel_device, kv_dev, q, 0, positions, window, rows // 64)
-    assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, 0, positions, window, rows // 64,
+    assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, window, rows // 64,
                                             scale=0.125))
     plan = build_plan(positions, 500, Geometry(rows, rows, window))
     np.testing.assert_allclose(batch, cpu_attention(kv, q, 0, plan, 0.125), rtol=1e-5, atol=1e-5)
@@ -282,7 +302,7 @@ def test_4k_context_decode_and_batch(kernel_device, mode):
     positions = np.array([4095, 1023, 1024, 2047, 3000, 4032])
     q = np.random.default_rng(26).standard_normal((len(positions), 6, 64)).astype(F)
     batch = kernel(kernel_device, kv_dev, q, 0, positions)
-    assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, 0, positions, scale=0.125))
+    assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, scale=0.125))
     plan = build_plan(positions, 0, Geometry(rows, None, 0))
     np.testing.assert_allclose(batch, cpu_attention(kv, q, 0, plan, 0.125), rtol=1e-5, atol=1e-5)
     for i in range(len(positions)):
@@ -300,7 +320,7 @@ def test_bits_do_not_depend_on_the_grid_or_the_scratch(kernel_device, monkeypatc
     positions = np.concatenate([np.arange(250, 262), [0, 511, 256, 63]])
     q = np.random.default_rng(28).standard_normal((16, 4, 32)).astype(F)
     want = kernel(kernel_device, kv_dev, q, 0, positions, 100)
-    assert bits_equal(want, twin.attention("int4", q, kv.keys, kv.values, 0, positions, 100, scale=0.125))
+    assert bits_equal(want, twin.attention("int4", q, kv.keys, kv.values, kv.table[0], positions, 100, scale=0.125))
     per_query = launch.partial_floats(4, 32, launch.max_chunks(rows, 100, 0))
     scratch = kernel_device.zeros((3 * per_query + 5,), F)
     assert bits_equal(kernel(kernel_device, kv_dev, q, 0, positions, 100, scratch=scratch), want)
@@ -322,7 +342,7 @@ def test_more_chunks_than_the_grid_gives_nan(kernel_device, monkeypatch):
     kv_dev = on_device(kernel_device, kv)
     positions = np.array([100, 300, 200])               # chunks: 1, 2, 1
     q = np.random.default_rng(30).standard_normal((3, 2, 16)).astype(F)
-    want = twin.attention("fp32", q, kv.keys, kv.values, 0, positions, scale=0.125)
+    want = twin.attention("fp32", q, kv.keys, kv.values, kv.table[0], positions, scale=0.125)
     monkeypatch.setattr(launch, "max_chunks", lambda *args, **kw: 1)
     got = kernel(kernel_device, kv_dev, q, 0, positions)
     assert np.isnan(got[1]).all()
@@ -335,13 +355,13 @@ def test_an_empty_chunk_is_skipped_in_the_merge(kernel_device):
     and alone == in a batch."""
     rows = 640
     kv = host_cache("fp32", 2, 16, rows, seed=31, n_slots=1)
-    kv.keys["data"][0, 0, :4 * 64] = -1e20
+    kv.keys["data"][0, pool_rows(kv, 0, np.arange(4 * 64)), 0] = -1e20
     kv_dev = on_device(kernel_device, kv)
     positions = np.array([600, 300, 255])               # chunks 0..2, 0..1, and chunk 0 alone
     q = np.random.default_rng(32).standard_normal((3, 4, 16)).astype(F)
     q[:, 0] = 1e20                                      # head 0 of kv head 0: q . k = -inf over chunk 0
     batch = kernel(kernel_device, kv_dev, q, 0, positions)
-    assert bits_equal(batch, twin.attention("fp32", q, kv.keys, kv.values, 0, positions, scale=0.125))
+    assert bits_equal(batch, twin.attention("fp32", q, kv.keys, kv.values, kv.table[0], positions, scale=0.125))
     assert np.isfinite(batch[:2]).all() and np.isnan(batch[2, 0]).all()     # 255: no key at all (0 / 0)
     for i in range(3):
         assert bits_equal(kernel(kernel_device, kv_dev, q[i:i + 1], 0, positions[i:i + 1]), batch[i:i + 1])

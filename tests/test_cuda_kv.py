@@ -16,12 +16,32 @@ from tinyloop.model.quant import unpack_codes
 
 F = np.float32
 
-def device_kv(device, mode, n_slots, n_kv, rows, head_dim):
-    return launch.DeviceKV.allocate(mode, n_slots, n_kv, rows, head_dim, alloc=device.zeros)
+def shuffled_table(n_slots, rows, seed=0):
+    """A block table over a pool of n_slots * blocks + 4 blocks, in shuffled order (block 0, the
+    null block, never handed out): the kernels must follow it wherever it puts a block."""
+    blocks = rows // 64
+    ids = np.random.default_rng(seed).permutation(n_slots * blocks + 3)[:n_slots * blocks] + 1
+    return ids.astype(np.int32).reshape(n_slots, blocks)
+
+
+def device_kv(device, mode, n_slots, n_kv, rows, head_dim, seed=0):
+    """One cache's storage on the device: a pool with spare blocks, seen through a shuffled table."""
+    table = shuffled_table(n_slots, rows, seed)
+    pool = launch.DeviceKV.allocate(mode, n_kv, 64 * (table.size + 4), head_dim, types.SimpleNamespace(zeros=device.zeros))
+
+    def upload(buffer, values):
+        buffer[...] = device.asarray(np.asarray(values, np.int32))
+    return launch.DeviceView(pool, table, device.zeros(table.shape, np.int32), upload)
+
+
+def cpu_storage(mode, n_kv, rows, head_dim, table):
+    """The NumPy reference backend's storage over the same table (so the same pool rows)."""
+    cpu = NumpyBackend()
+    return cpu, cpu.kv_view(cpu.kv_pool(mode, n_kv, 64 * (table.size + 4), head_dim), table)
 
 
 def host_sides(device, kv) -> tuple:
-    """The device storage's arrays on the host: (keys dict, values dict)."""
+    """The device pool's arrays on the host: (keys dict, values dict)."""
     return tuple({name: device.to_host(a) for name, a in side.items()} for side in (kv.keys, kv.values))
 
 
@@ -66,19 +86,19 @@ def test_kv_write_equals_cpu_store(kernel_device, mode, n_kv, head_dim, n_tokens
     kv = device_kv(kernel_device, mode, n_slots, n_kv, rows, head_dim)
     write(kernel_device, kv, 1, write_rows, fused, k_cols, v_cols)
 
-    cpu = NumpyBackend()
-    storage = cpu.kv_storage(mode, n_slots, n_kv, rows, head_dim)
+    cpu, storage = cpu_storage(mode, n_kv, rows, head_dim, kv.table)
     shape = (n_tokens, n_kv, head_dim)
     cpu.kv_write(storage, 1, types.SimpleNamespace(write_rows=write_rows),
                  fused[:, k_cols].reshape(shape), fused[:, v_cols].reshape(shape))
-    expected = cpu.kv_stored(storage, slice(None))
+    expected = {f"{side}.{name}": array for side, arrays in (("keys", storage.keys), ("values", storage.values))
+                for name, array in arrays.items()}
     for side, arrays in zip(("keys", "values"), host_sides(kernel_device, kv)):
         for name, got in arrays.items():
             want = expected[f"{side}.{name}"][..., :got.shape[-1]]      # the CPU's values carry a ones column
             if mode == "fp16":
                 want = want.astype(np.float16)                          # float32 holding half values, exactly
             assert got.dtype == want.dtype and got.shape == want.shape, (side, name)
-            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (side, name)   # other slots untouched too
+            assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (side, name)   # every other block untouched
 
 
 @pytest.mark.parametrize("n_kv, head_dim, n_tokens, ring", [(2, 64, 5, False), (1, 128, 65, True), (3, 16, 1, False)])
@@ -98,16 +118,16 @@ def test_kv_write_int4h_equals_twin_and_approximates_cpu(kernel_device, n_kv, he
     shape = (n_tokens, n_kv, head_dim)
     keys, values = fused[:, k_cols].reshape(shape), fused[:, v_cols].reshape(shape)
 
-    twin_sides = launch.DeviceKV.allocate("int4-h", 2, n_kv, rows, head_dim)
-    twin.kv_write("int4-h", twin_sides.keys, twin_sides.values, 0, write_rows, keys, values)
+    twin_sides = launch.DeviceKV.allocate("int4-h", n_kv, kv.pool.rows, head_dim)
+    twin.kv_write("int4-h", twin_sides.keys, twin_sides.values, kv.table[0], write_rows, keys, values)
     got = host_sides(kernel_device, kv)
     for side, want in zip(got, (twin_sides.keys, twin_sides.values)):
         for name in side:
             assert np.array_equal(side[name].view(np.uint8), want[name].view(np.uint8)), name
 
-    cpu = NumpyBackend()
-    storage = cpu.kv_storage("int4-h", 2, n_kv, rows, head_dim)
+    cpu, storage = cpu_storage("int4-h", n_kv, rows, head_dim, kv.table)
     cpu.kv_write(storage, 0, types.SimpleNamespace(write_rows=write_rows), keys, values)
+    pool_rows = storage.pool_rows(0, write_rows)
     g = group_size(head_dim)
     for x, store, arrays, side in ((keys, storage.key_store, storage.keys, got[0]),
                                    (values, storage.value_store, storage.values, got[1])):
@@ -115,15 +135,15 @@ def test_kv_write_int4h_equals_twin_and_approximates_cpu(kernel_device, n_kv, he
         assert np.allclose(rotated, (x @ hadamard(head_dim)).transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
         noise = 2e-6 * np.abs(rotated).max(axis=-1, keepdims=True)                  # (n_kv, T, 1)
         for name in ("scale", "min"):
-            a, b = side[name][0][:, write_rows].astype(F), arrays[name][0][:, write_rows].astype(F)
+            a, b = side[name][:, pool_rows].astype(F), arrays[name][:, pool_rows].astype(F)
             assert np.all(np.abs(a - b) <= np.abs(b) * 2.0 ** -10 + noise), name
-        step_kernel, step_cpu = (np.repeat(a["scale"][0][:, write_rows].astype(F), g, axis=-1) for a in (side, arrays))
-        codes_kernel, codes_cpu = (unpack_codes(a["codes"][0][:, write_rows].reshape(-1, head_dim // 2), 4)
+        step_kernel, step_cpu = (np.repeat(a["scale"][:, pool_rows].astype(F), g, axis=-1) for a in (side, arrays))
+        codes_kernel, codes_cpu = (unpack_codes(a["codes"][:, pool_rows].reshape(-1, head_dim // 2), 4)
                                    .reshape(step_cpu.shape) for a in (side, arrays))
         above_noise = np.minimum(step_kernel, step_cpu) > noise
         assert np.mean(codes_kernel[above_noise] != codes_cpu[above_noise]) < 0.02
-        mine = store.rows(side, 0, write_rows)[..., :head_dim]                     # IntStore reads the kernel's arrays
-        theirs = store.rows(arrays, 0, write_rows)[..., :head_dim]
+        mine = store.rows(side, pool_rows)[..., :head_dim]                         # IntStore reads the kernel's arrays
+        theirs = store.rows(arrays, pool_rows)[..., :head_dim]
         assert np.all(np.abs(mine - theirs) <= np.maximum(step_kernel, step_cpu) * 1.01 + noise)
 
 
@@ -143,12 +163,12 @@ def test_fwht_norm_is_float32_of_inverse_sqrt():
     ([5], [5])])
 def test_rows_gather_scatter_has_numpy_semantics(kernel_device, source, target):
     rng = np.random.default_rng(len(source))
-    host = [rng.integers(0, 256, (3, 2, 128, 33), np.uint8),               # odd row bytes: the byte path
-            rng.standard_normal((3, 2, 128, 2)).astype(np.float16),        # 4-byte rows: the word path
-            rng.standard_normal((3, 2, 128, 48)).astype(F)]
+    host = [rng.integers(0, 256, (3, 128, 33), np.uint8),                  # odd row bytes: the byte path
+            rng.standard_normal((3, 128, 2)).astype(np.float16),           # 4-byte rows: the word path
+            rng.standard_normal((3, 128, 48)).astype(F)]                   # (n_kv, pool rows, ...)
     arrays = [kernel_device.asarray(a) for a in host]
     n = len(source)
-    scratch = kernel_device.zeros((max(6 * n * a[0, 0, 0].nbytes for a in host),), np.uint8)
+    scratch = kernel_device.zeros((max(3 * n * a[0, 0].nbytes for a in host),), np.uint8)
     launch.copy_rows(kernel_device.module("kv"), arrays, kernel_device.asarray(np.array(source, np.int32)),
                      kernel_device.asarray(np.array(target, np.int32)), scratch)
     twin.copy_rows(host, source, target)
@@ -158,9 +178,27 @@ def test_rows_gather_scatter_has_numpy_semantics(kernel_device, source, target):
 
 def test_device_kv_layout_and_bytes(kernel_device):
     kv = device_kv(kernel_device, "int4", 2, 4, 64, 48)
-    assert kv.keys["codes"].shape == (2, 4, 64, 24) and kv.keys["scale"].shape == (2, 4, 64, 1)
-    assert kv.bytes_per_row == 2 * 4 * (24 + 4)
-    assert kv.scratch_bytes(3) == 2 * 4 * 3 * 24
-    assert device_kv(kernel_device, "fp16", 1, 2, 64, 16).bytes_per_row == 2 * 2 * 16 * 2
+    pool_rows = 64 * (2 + 4)
+    assert kv.keys["codes"].shape == (4, pool_rows, 24) and kv.keys["scale"].shape == (4, pool_rows, 1)
+    assert (kv.n_slots, kv.rows, kv.pool.rows) == (2, 64, pool_rows)
+    assert kv.pool.bytes_per_row == 2 * 4 * (24 + 4)
+    assert kv.pool.scratch_bytes(3) == 4 * 3 * 24
+    assert device_kv(kernel_device, "fp16", 1, 2, 64, 16).pool.bytes_per_row == 2 * 2 * 16 * 2
     with pytest.raises(ValueError, match="power-of-two"):
         device_kv(kernel_device, "int4-h", 1, 1, 64, 48)
+    with pytest.raises(ValueError, match="slot 2 outside"):
+        kv.blocks(2)
+
+
+def test_the_table_on_the_device_follows_the_host_table(kernel_device):
+    """A cache that takes a block updates its host table; sync() puts it on the device, where a
+    kernel (and a captured graph) reads it: a write after the change lands in the new block."""
+    kv = device_kv(kernel_device, "fp32", 1, 1, 128, 16)
+    kv.table[0, 1] = min(set(range(1, kv.pool.rows // 64)) - set(kv.table.ravel().tolist()))    # a spare block
+    kv.sync()
+    assert np.array_equal(kernel_device.to_host(kv.device_table), kv.table)
+    x = np.arange(16, dtype=F).reshape(1, 1, 16)
+    launch.kv_write(kernel_device.module("kv"), kv, 0, kernel_device.asarray(np.array([70], np.int32)),
+                    kernel_device.asarray(x), kernel_device.asarray(-x))
+    keys = kernel_device.to_host(kv.keys["data"])
+    assert np.array_equal(keys[0, kv.table[0, 1] * 64 + 6], x[0, 0])

@@ -55,7 +55,7 @@ def engine(tiny):
     engines = []
 
     def make(**kw):
-        engines.append(Engine(tiny, **kw))
+        engines.append(Engine(tiny, **{"max_running": 1, **kw}))     # the one-at-a-time contract unless a test says
         return engines[-1]
     yield make
     for e in engines:
@@ -89,8 +89,8 @@ def test_a_submit_beyond_max_waiting_is_refused_and_the_place_frees_up(engine, m
     waiting = [Recorder(f"w{i}", started) for i in range(max_waiting)]
     for recorder in waiting:
         eng.submit(request(), recorder)
-    with pytest.raises(QueueFull, match=f"1 generation running and {max_waiting} waiting "
-                                        f"\\(TINYLOOP_MAX_WAITING={max_waiting}\\)"):
+    with pytest.raises(QueueFull, match=f"1 generation running \\(TINYLOOP_MAX_RUNNING=1\\) and {max_waiting} "
+                                        f"waiting \\(TINYLOOP_MAX_WAITING={max_waiting}\\)"):
         eng.submit(request(), Recorder("refused", started))
     first.release.set()
     for recorder in [first] + waiting:
@@ -145,11 +145,12 @@ def test_an_engine_error_fails_the_running_and_the_waiting_and_every_later_submi
     first.wait_held()
     waiting = Recorder("waiting", started)
     eng.submit(request(), waiting)
-    real_step = Sequence.step
+    from tinyloop.engine import engine as engine_module
+    real_forward = engine_module.run_passes
 
-    def failing_step(self):
+    def failing_forward(model, passes):                # where a kernel error would surface
         raise FloatingPointError("simulated kernel fault")
-    monkeypatch.setattr(Sequence, "step", failing_step)
+    monkeypatch.setattr(engine_module, "run_passes", failing_forward)
     first.release.set()
     kind, error = first.wait_done()
     assert kind == "error" and isinstance(error, EngineFailed)
@@ -157,14 +158,14 @@ def test_an_engine_error_fails_the_running_and_the_waiting_and_every_later_submi
     kind, error = waiting.wait_done()
     assert kind == "error" and isinstance(error, EngineFailed)
     assert failures == ["engine error: FloatingPointError: simulated kernel fault"]
-    monkeypatch.setattr(Sequence, "step", real_step)
+    monkeypatch.setattr(engine_module, "run_passes", real_forward)
     with pytest.raises(EngineFailed, match="simulated kernel fault"):
         eng.submit(request(), Recorder("late", started))
     assert started == ["first"]
 
 
 def test_stopping_an_idle_engine_ends_its_thread_and_refuses_work(tiny):
-    eng = Engine(tiny, max_waiting=1)
+    eng = Engine(tiny, max_waiting=1, max_running=1)
     eng.stop()
     assert not eng._thread.is_alive(), "the engine thread was not woken to stop"
     with pytest.raises(EngineFailed, match="shutting down"):
@@ -192,7 +193,7 @@ def test_capacity_does_not_depend_on_when_the_engine_thread_wakes(tiny, monkeypa
         assert gate.wait(WAIT_S), "the test never opened the gate"
         return original(self)
     monkeypatch.setattr(Engine, "_schedule", held_schedule)
-    engine = Engine(tiny, max_waiting=2)
+    engine = Engine(tiny, max_waiting=2, max_running=1)
     try:
         log = []
         recorders = [Recorder(name, log) for name in "abc"]

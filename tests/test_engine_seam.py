@@ -92,20 +92,26 @@ def test_step_inputs_live_in_the_preallocated_buffers(tiny):
 
 
 # ------------------------------------------------------------------------------ the KV pool
-def test_caches_are_carved_from_the_pool_and_start_clean(tiny):
+def test_caches_take_the_pools_blocks_and_nothing_an_earlier_request_left_reaches_them(tiny):
     model = tiny.model
-    pool = KVPool(model.backend, 8 << 20)
-    pool.buffer.view(np.float32)[:] = np.nan                            # what an earlier request might leave
+    pool = KVPool.for_model(model, 8 << 20)
+    for array in pool.storage.arrays():                                 # what an earlier request might leave
+        array.view(np.uint8)[...] = 0xFF                                # NaN in every float, 65535 in every code
     request = GenerationRequest([5, 17, 200, 33], 30, loops=6, ignore_eos=True)
     fresh = generate(model, request)
-    for _ in range(2):                                                  # the same memory, twice
+    for _ in range(2):                                                  # the same blocks, twice
         sequence = Sequence(model, request, pool=pool)
         storage = sequence.decoder.cache.storage
-        assert all(np.shares_memory(array, pool.buffer) for array in storage.arrays())
+        assert all(any(np.shares_memory(a, b) for b in pool.storage.arrays()) for a in storage.pool.arrays())
+        assert pool.free_blocks == pool.usable_blocks - model.cache_blocks(34, 6)       # reserved when made
+        sequence.release()
+        assert pool.free_blocks == pool.usable_blocks
         assert generate(model, request, pool=pool).tokens == fresh.tokens
+        assert pool.free_blocks == pool.usable_blocks and pool.used_blocks == 0       # every block given back
     speculative = GenerationRequest([5, 17, 200, 33], 30, ignore_eos=True, mode="speculative",
                                     speculative=SpeculativeParams(2, 6, 4))
     assert generate(model, speculative, pool=pool).tokens == generate(model, replace_loops(request, 6)).tokens
+    assert pool.free_blocks == pool.usable_blocks
 
 
 def replace_loops(request, loops):
@@ -124,7 +130,7 @@ def engine_events(engine, request):
 
 
 def test_the_engine_steps_a_request_to_its_end_with_text_and_stop_strings(tiny):
-    engine = Engine(tiny, max_waiting=2)
+    engine = Engine(tiny, max_waiting=2, max_running=1)
     try:
         reference = generate(tiny.model, GenerationRequest([5, 6, 7], 24, loops=4, ignore_eos=True),
                              tokenizer=tiny.tokenizer)
@@ -144,7 +150,7 @@ def test_the_engine_steps_a_request_to_its_end_with_text_and_stop_strings(tiny):
 
 
 def test_the_engine_refuses_a_bad_request_before_queueing(tiny):
-    engine = Engine(tiny, max_waiting=1, kv_budget_bytes=1 << 16)
+    engine = Engine(tiny, max_waiting=1, kv_budget_bytes=1 << 16, max_running=1)
     try:
         with pytest.raises(RequestError, match="needs .* MiB of KV cache"):
             engine.submit(GenerationRequest([1, 2], 400, loops=8))
@@ -156,7 +162,7 @@ def test_the_engine_refuses_a_bad_request_before_queueing(tiny):
 
 
 def test_stopping_the_engine_reports_shutdown_not_stop(tiny):
-    engine = Engine(tiny, max_waiting=4)
+    engine = Engine(tiny, max_waiting=4, max_running=1)
     long = GenerationRequest([5, 6, 7], 400, loops=8, ignore_eos=True)
     running_events, running_done, _ = engine_events(engine, long)
     waiting_events, waiting_done, _ = engine_events(engine, long)
@@ -170,7 +176,7 @@ def test_stopping_the_engine_reports_shutdown_not_stop(tiny):
 
 
 def test_a_cancelled_request_ends_within_one_step(tiny):
-    engine = Engine(tiny, max_waiting=2)
+    engine = Engine(tiny, max_waiting=2, max_running=1)
     try:
         events, done, submission = engine_events(engine, GenerationRequest([5, 6, 7], 400, loops=8, ignore_eos=True))
         wait_until(lambda: sum(kind == "token" for kind, _ in events) >= 3, "three tokens")

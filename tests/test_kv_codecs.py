@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tinyloop.backends.reference import NumpyBackend
-from tinyloop.backends.reference.kvstore import KVStorage, bytes_per_row, store_for
+from tinyloop.backends.reference.kvstore import PoolStorage, bytes_per_row, store_for
 from tinyloop.kv.modes import check_mode, hadamard, packed_bytes_per_row
 
 
@@ -36,9 +36,9 @@ def sylvester(order: int) -> np.ndarray:
 def round_trip(mode, x):
     """Store x (T, n_kv, hd) in a fresh store of `mode` and read the rows back: (n_kv, T, hd)."""
     store = store_for(mode)
-    arrays = store.allocate(np.zeros, 1, x.shape[1], 64, x.shape[2])
-    store.store(arrays, 0, slice(0, x.shape[0]), x)
-    return store.rows(arrays, 0, np.arange(x.shape[0])), arrays
+    arrays = store.allocate(x.shape[1], 64, x.shape[2])
+    store.store(arrays, np.arange(x.shape[0]), x)
+    return store.rows(arrays, np.arange(x.shape[0])), arrays
 
 
 @pytest.mark.parametrize("mode, bits", [("int8", 8), ("int4", 4)])
@@ -67,10 +67,11 @@ def test_int4_h_quantizes_the_hadamard_rotated_row_to_4_bits():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 2, 64)).astype(np.float32)
     x[:, :, 5] *= 40.0                                         # an outlier channel
-    storage = NumpyBackend().kv_storage("int4-h", 1, 2, 64, 64)
+    cpu = NumpyBackend()
+    storage = cpu.kv_view(cpu.kv_pool("int4-h", 2, 128, 64), np.array([[1]], np.int32))
     assert storage.keys["codes"].shape[-1] == 32               # 4-bit codes, 2 per byte
-    NumpyBackend().kv_write(storage, 0, SimpleNamespace(write_rows=slice(0, 6)), x, x)
-    restored = storage.key_store.rows(storage.keys, 0, np.arange(6)).transpose(1, 0, 2)    # (T, n_kv, hd)
+    cpu.kv_write(storage, 0, SimpleNamespace(write_rows=slice(0, 6)), x, x)
+    restored = storage.key_store.rows(storage.keys, storage.pool_rows(0, np.arange(6))).transpose(1, 0, 2)
     rotated = (x.astype(np.float64) @ sylvester(64)).astype(np.float32)
     expected = reference_int_codec(rotated, 4, 32)
     groups = rotated.reshape(6, 2, 2, 32)
@@ -102,8 +103,8 @@ CPU_BYTES = {"fp32": 2 * 64 * 4 + 2 * 65 * 4, "fp16": 2 * 64 * 4 + 2 * 65 * 4, "
 def test_bytes_per_row_per_mode(mode):
     assert packed_bytes_per_row(mode, 2, 64) == GPU_BYTES[mode]
     assert bytes_per_row(mode, 2, 64) == CPU_BYTES[mode]
-    storage = KVStorage(mode, 3, 2, 128, 64)
-    assert storage.nbytes == 3 * 128 * CPU_BYTES[mode]
+    pool = PoolStorage(mode, 2, 3 * 128, 64)
+    assert pool.nbytes == 3 * 128 * CPU_BYTES[mode]
 
 
 def test_sizes_are_whole_numbers_of_bytes():
@@ -118,7 +119,7 @@ def test_an_unknown_mode_is_refused_with_the_modes_allowed():
     with pytest.raises(ValueError, match="KV cache mode must be one of fp16, int8, int4, int4-h, fp32, got 'int2'"):
         check_mode("int2")
     for make in (lambda: store_for("int2"), lambda: bytes_per_row("int2", 2, 32),
-                 lambda: KVStorage("int2", 1, 2, 64, 32)):           # the CPU store refuses it too, not fp32
+                 lambda: PoolStorage("int2", 2, 64, 32)):            # the CPU store refuses it too, not fp32
         with pytest.raises(ValueError, match="KV cache mode must be one of"):
             make()
 

@@ -33,17 +33,17 @@ def test_int_codec_error_is_at_most_half_a_step(bits, head_dim):
     step = np.repeat(scale.astype(np.float32), group_size(head_dim), axis=-1)
     assert np.all(np.abs(restored - x) <= step / 2 * (1 + 1e-3) + 1e-6)
     # through the storage arrays too (packing included)
-    arrays = codec.allocate(np.zeros, 1, 3, 64, head_dim)
-    codec.store(arrays, 0, slice(0, 50), x)
-    assert np.array_equal(codec.rows(arrays, 0, np.arange(50)), restored.transpose(1, 0, 2))
+    arrays = codec.allocate(3, 64, head_dim)
+    codec.store(arrays, np.arange(50), x)
+    assert np.array_equal(codec.rows(arrays, np.arange(50)), restored.transpose(1, 0, 2))
 
 
 def test_fp16_codec_rounds_to_half_precision():
     x = np.random.default_rng(0).standard_normal((10, 2, 16)).astype(np.float32)
     codec = FloatStore(np.float16)
-    arrays = codec.allocate(np.zeros, 1, 2, 64, 16)
-    codec.store(arrays, 0, slice(3, 13), x)
-    assert np.array_equal(codec.rows(arrays, 0, np.arange(3, 13)), x.astype(np.float16).astype(np.float32)
+    arrays = codec.allocate(2, 64, 16)
+    codec.store(arrays, np.arange(3, 13), x)
+    assert np.array_equal(codec.rows(arrays, np.arange(3, 13)), x.astype(np.float16).astype(np.float32)
                           .transpose(1, 0, 2))
 
 
@@ -209,7 +209,7 @@ def test_window_bounds_memory(tiny):
 
 def test_cache_budget_refuses_with_the_numbers(tiny):
     model = load_model(tiny.file.path).model
-    pool = KVPool(model.backend, int(0.9 * 2**20), from_setting=True)
+    pool = KVPool.for_model(model, int(0.9 * 2**20), from_setting=True)
     with pytest.raises(RequestError, match=r"needs \d+\.\d MiB of KV cache .* the budget is 0.9 MiB "
                                            r"\(TINYLOOP_KV_BUDGET_MB\)"):
         generate(model, GenerationRequest([1, 2, 3], 400, loops=8), pool=pool)

@@ -122,12 +122,14 @@ def test_loop_count_outside_the_range_is_rejected(tiny):
 def test_cache_has_one_slot_per_executed_layer_instance(tiny):
     config = tiny.config
     cache = tiny.model.new_cache(10, 5)
-    data = cache.storage.keys["data"]
-    assert data.shape[0] == config.n_prelude + config.n_core * 5 + config.n_coda
-    assert data.shape[1:] == (config.n_kv_heads, 64, config.head_dim)
-    # the default fp16 mode: half-precision bits, written by the forward
+    slots = config.n_prelude + config.n_core * 5 + config.n_coda
+    assert cache.table.shape == (slots, 1) and cache.blocks_held == 0       # one 64-row block per slot, not yet taken
+    # the default fp16 mode: half-precision bits, written by the forward into blocks it takes
     tiny.model.forward(np.arange(10), np.arange(10), cache, 5)
-    assert data.dtype == np.uint16 and np.any(data != 0)
+    assert cache.blocks_held == slots and len(set(cache.table.ravel().tolist())) == slots
+    stored = cache.stored(0, 10)["keys.data"]
+    assert stored.shape == (slots, config.n_kv_heads, 10, config.head_dim)
+    assert stored.dtype == np.uint16 and np.all(np.any(stored != 0, axis=(1, 2, 3)))
 
 
 def test_prefill_fast_path_is_close_to_exact_path(tiny):

@@ -58,7 +58,8 @@ def script_reply(monkeypatch, module, app, text, finish_reason="stop"):
 
         async def batches(self):
             result = SimpleNamespace(tokens=ids, prompt_tokens=len(self.request.prompt_ids), stop_token_id=None,
-                                     completion_tokens=len(ids), finish_reason=finish_reason)
+                                     completion_tokens=len(ids), finish_reason=finish_reason, cached_tokens=0,
+                                     queue_s=0.0)
             self.outcome = Outcome(result, finish_reason, len(ids), None)
             yield [(token, tokenizer.decode([token])) for token in ids]
 
@@ -576,7 +577,8 @@ def _thinking_reply(writer, text="<think>plan it</think>The answer"):
 
     from asgi.reply import Reply
     reply = Reply(("<think>", "</think>"), [])
-    outcome = SimpleNamespace(finish_reason="stop", completion_tokens=9, result=SimpleNamespace(prompt_tokens=4))
+    outcome = SimpleNamespace(finish_reason="stop", completion_tokens=9,
+                              result=SimpleNamespace(prompt_tokens=4, cached_tokens=0))
     events = writer.feed(reply.feed(text))
     events += writer.feed(reply.finish()[0])
     return events + (writer.finish([], outcome, None) if hasattr(writer, "message") else writer.finish([], outcome))

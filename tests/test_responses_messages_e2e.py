@@ -168,8 +168,15 @@ def test_count_tokens_equals_usage_input_tokens(claude):
     request = dict(model="tl", system=[{"type": "text", "text": "You are terse."}], tools=[MESSAGES_TOOL],
                    messages=[{"role": "user", "content": ASK}])
     counted = claude.messages.count_tokens(**request).input_tokens
-    used = claude.messages.create(max_tokens=2, **request).usage.input_tokens
-    assert counted == used > 100                               # the tool declarations count
+    used = claude.messages.create(max_tokens=2, **request).usage
+    # Anthropic's accounting: the prompt is input_tokens after the prefix the cache served
+    assert counted == used.input_tokens + used.cache_read_input_tokens > 100       # the tool declarations count
+    fresh = dict(request, system=[{"type": "text", "text": "Never seen before: " + "z" * 300}])
+    used = claude.messages.create(max_tokens=2, **fresh).usage
+    assert used.cache_read_input_tokens == 0 and used.input_tokens == claude.messages.count_tokens(**fresh).input_tokens
+    again = claude.messages.create(max_tokens=2, **fresh).usage         # its blocks are cached now
+    assert again.cache_read_input_tokens >= 64 and again.input_tokens + again.cache_read_input_tokens == \
+        used.input_tokens
     bare = claude.messages.count_tokens(model="tl", messages=request["messages"]).input_tokens
     assert bare < counted
 

@@ -18,7 +18,7 @@ HELLO = [{"role": "user", "content": "Hello"}]
 def settings(model_path, **changes):
     base = dict(model_path=str(model_path) if model_path else None, api_key="test-key", auth=True,
                 state_dir=Path("/nonexistent"), max_waiting=2, max_body_bytes=65536, exit_on_failure=False,
-                commit="abc123", device=None)
+                commit="abc123", device=None, max_running=1)     # the one-at-a-time contract these tests queue on
     base.update(changes)
     return Settings(**base)
 

@@ -28,7 +28,8 @@ def model_path(tmp_path_factory):
 def ready_app(model_path, drain_timeout_s):
     app = TinyLoopApp(Settings(model_path=str(model_path), api_key="test-key", auth=True,
                                state_dir=Path("/nonexistent"), max_waiting=2, max_body_bytes=65536,
-                               exit_on_failure=False, commit=None, device=None, drain_timeout_s=drain_timeout_s))
+                               exit_on_failure=False, commit=None, device=None, drain_timeout_s=drain_timeout_s,
+                               max_running=1))
     state = app._ensure_state()
     deadline = time.monotonic() + 60
     while state.status == "loading":

@@ -35,7 +35,8 @@ def free_port() -> int:
 def server(model_path, tmp_path_factory):
     port = free_port()
     env = {**os.environ, "TINYLOOP_MODEL_PATH": str(model_path), "TINYLOOP_API_KEY": KEY,
-           "TINYLOOP_MAX_WAITING": str(MAX_WAITING), "TINYLOOP_STATE_DIR": str(tmp_path_factory.mktemp("st"))}
+           "TINYLOOP_MAX_WAITING": str(MAX_WAITING), "TINYLOOP_STATE_DIR": str(tmp_path_factory.mktemp("st")),
+           "TINYLOOP_MAX_RUNNING": "1"}          # the one-at-a-time contract these tests queue on
     log = open(tmp_path_factory.mktemp("log") / "granian.log", "w+")
     process = subprocess.Popen([sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
                                 "--port", str(port), "asgi.app:app"], cwd=ROOT, env=env, stdout=log,

@@ -211,6 +211,10 @@ def cmd_serve(args) -> int:
     env = {"TINYLOOP_MODEL_PATH": os.path.abspath(model)}
     if args.max_waiting is not None:
         env["TINYLOOP_MAX_WAITING"] = str(args.max_waiting)
+    if args.max_running is not None:
+        env["TINYLOOP_MAX_RUNNING"] = str(args.max_running)
+    if args.no_prefix_cache:
+        env["TINYLOOP_PREFIX_CACHE"] = "0"
     if args.no_auth:
         env["TINYLOOP_AUTH"] = "0"
     if args.state_dir:
@@ -355,9 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only; "
                    "another address with --no-auth prints a warning)")
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="generations stepped together (1: one at a time, the rest wait); default: "
+                        "$TINYLOOP_MAX_RUNNING or the backend's (8 on the CPU, 32 on a GPU)")
     p.add_argument("--max-waiting", type=int, default=None,
-                   help="requests that may wait while one generates; more get 429 "
+                   help="requests that may wait for a running place; more get 429 "
                         "(default: $TINYLOOP_MAX_WAITING or 8)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="compute every prompt from its first token (sets TINYLOOP_PREFIX_CACHE=0)")
     p.add_argument("--no-auth", action="store_true", help="turn API-key authentication off")
     p.add_argument("--state-dir", default=None, help="where the API key file lives "
                                                     "(default $XDG_STATE_HOME/tinyloop)")

@@ -6,3 +6,7 @@ MAX_BRANCHES = 16                          # K_branches: candidates kept per tre
 MAX_TREE_NODES = 64                        # K_branches * draft_ahead: drafted nodes per round
 MAX_FORWARD_ROWS = MAX_TREE_NODES + 1      # rows one exact forward writes: the root and its nodes
 ATTENTION_BLOCK = 64                       # keys are reduced in fixed blocks of this many positions
+# Prompt rows one prefill forward takes (TINYLOOP_PREFILL_CHUNK): chunks are cut at its
+# multiples (absolute positions), so a long prompt shares the engine's steps with other
+# requests' decode steps, a step at a time (engine/decode.py, engine/engine.py).
+DEFAULT_PREFILL_CHUNK = 128

@@ -42,6 +42,11 @@ class Backend(abc.ABC):
     description: str              # which device and why it was chosen (the startup log)
     xp: object                    # the array module (numpy, cupy), for allocation only
     activations: str = "fp32"     # ACTIVATIONS: the dtype of what `linear` is fed
+    # True when the bulk (prefill) path gives every row the bits the exact path gives it alone,
+    # whatever rows share the call: then a prefill chunk's rows may share a linear call with
+    # other requests' rows (model/batch.py), and a row computed in any prefill chunk, or in a
+    # decode step, is the same row (what chunked prefill and the prefix cache rely on).
+    bulk_is_exact: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -57,10 +62,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def to_host(self, array) -> np.ndarray:
         """A device array on the host."""
-
-    @abc.abstractmethod
-    def allocate(self, nbytes: int):
-        """One zeroed byte buffer (the KV pool is carved from it)."""
 
     # -- weights, once at load -----------------------------------------------------------------
     @abc.abstractmethod
@@ -124,9 +125,31 @@ class Backend(abc.ABC):
 
     # -- the KV cache --------------------------------------------------------------------------
     @abc.abstractmethod
-    def kv_storage(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
-        """Storage for one request's keys and values: n_slots layer instances x rows physical
-        rows. alloc(shape, dtype) carves zeroed arrays (from a pool); None: fresh arrays."""
+    def kv_pool(self, mode: str, n_kv: int, rows: int, head_dim: int):
+        """The KV pool's storage (kv/pool.py): `rows` rows (a whole number of 64-row blocks) of
+        keys and values for n_kv heads, in this backend's layout for the mode."""
+
+    @abc.abstractmethod
+    def kv_init_blocks(self, pool_storage, blocks: np.ndarray) -> None:
+        """Make pool blocks (their 64-row ranges) ready for a new holder: what the backend's
+        kernels need of rows that held an earlier request's keys (nothing, for kernels that
+        never read a row a query may not see)."""
+
+    @abc.abstractmethod
+    def kv_view(self, pool_storage, table: np.ndarray):
+        """One cache's storage: the pool seen through its block table, (n_slots, blocks) int32
+        host array (kv/cache.py), which the cache changes in place as it grows (then it calls
+        kv_table_changed). kv_write, attention, kv_copy_rows and kv_stored take this view, and
+        address physical row r of slot s at pool row table[s, r // 64] * 64 + r % 64."""
+
+    def kv_table_changed(self, storage) -> None:
+        """The view's block table changed (blocks allocated or adopted): a backend that keeps
+        a copy of it (on a device) refreshes it here."""
+
+    def kv_pool_bytes(self) -> int | None:
+        """The default KV pool size for this backend's memory (a device's), or None: the host rule
+        of kv/pool.py."""
+        return None
 
     @abc.abstractmethod
     def kv_bytes_per_row(self, mode: str, n_kv: int, head_dim: int) -> int:
@@ -143,11 +166,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kv_copy_rows(self, storage, source: np.ndarray, target: np.ndarray) -> None:
         """Copy physical rows source[i] -> target[i] in every slot, keys and values (one
-        gather/scatter: moving a round's accepted tree nodes to their positions)."""
+        gather/scatter: moving a round's accepted tree nodes to their positions); every
+        source is read before any target is written."""
 
     @abc.abstractmethod
     def kv_stored(self, storage, rows) -> dict:
-        """Raw stored arrays of physical rows in every slot, on the host (for tests)."""
+        """Raw stored arrays of physical rows in every slot, on the host (for tests): name ->
+        (n_slots, n_kv, len(rows), ...)."""
 
     def decode_runner(self, model, cache, loops):
         """A callable (token, position) -> logits (1, V) that runs one decode step faster

@@ -3,7 +3,7 @@
 Every op takes the prompt as token ids (the parent sends every engine the same ones)
 and returns plain JSON. A measurement repeats until `min_seconds` of timed work, so a
 few-millisecond prefill is not timed once. Caches are carved from a KV pool, as the
-server's engine carves them. Model code is imported inside the ops, after the worker
+server's engine carves them (the single-forward measurements use caches of their own). Model code is imported inside the ops, after the worker
 has chosen which checkout to measure.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ class TinyLoopOps:
     def __init__(self):
         self.loaded = None
         self.models = {}                    # KV cache mode -> model (one set of weights)
-        self.pool = None
+        self.pools = {}
 
     def load(self, path: str, device: str | None = None, kv_modes: list | None = None) -> dict:
         from tinyloop.kv.pool import KVPool, default_pool_bytes
@@ -31,7 +31,8 @@ class TinyLoopOps:
         for mode in kv_modes or ():
             if mode not in self.models:        # the same weights, another cache mode
                 self.models[mode] = LoopedTransformer(base.config, base.weights, base.backend, kv_mode=mode)
-        self.pool = KVPool(base.backend, max(default_pool_bytes(m) for m in self.models.values()))
+        # one pool per cache mode (a pool stores one mode), as the server's engine has one
+        self.pools = {mode: KVPool.for_model(m, default_pool_bytes(m)) for mode, m in self.models.items()}
         c = base.config
         return {"name": c.name, "dim": c.dim, "vocab_size": c.vocab_size, "max_seq_len": c.max_seq_len,
                 "min_loops": c.min_loops, "default_loops": c.default_loops, "max_loops": c.max_loops,
@@ -57,7 +58,7 @@ class TinyLoopOps:
         model = self._model(kv_mode)
 
         def once():
-            cache = model.new_cache(len(prompt) + 1, loops, alloc=self.pool.allocator())
+            cache = model.new_cache(len(prompt) + 1, loops)
             start = time.perf_counter()
             model.backend.argmax(prefill(model, prompt, cache, loops))
             return len(prompt), time.perf_counter() - start
@@ -68,9 +69,9 @@ class TinyLoopOps:
         from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
         request = GenerationRequest(list(prompt), tokens, loops=loops, ignore_eos=True)
         if speculative is None:
-            return generate(model, request, pool=self.pool)
+            return generate(model, request, pool=self.pools[model.kv_mode])
         from tinyloop.engine.speculative import SpeculativeParams
-        return speculative_generate(model, request, SpeculativeParams(*speculative), pool=self.pool)
+        return speculative_generate(model, request, SpeculativeParams(*speculative), pool=self.pools[model.kv_mode])
 
     def generate(self, prompt: list, tokens: int, loops: int, min_seconds: float,
                  kv_mode: str | None = None) -> dict:
@@ -120,8 +121,7 @@ class TinyLoopOps:
         from tinyloop.model.transformer import Trunk
         model = self.loaded.model
         c = model.config
-        cache = model.new_cache(context + max(sizes) + 1, verify_loops, extra_slots=c.n_coda,
-                                alloc=self.pool.allocator())
+        cache = model.new_cache(context + max(sizes) + 1, verify_loops, extra_slots=c.n_coda)
         model.forward(np.arange(context) % c.vocab_size, np.arange(context), cache, verify_loops, exact=False,
                       last_only=True)
         draft_coda = c.n_layer_instances(verify_loops)
@@ -154,7 +154,7 @@ class TinyLoopOps:
         import numpy as np
         model = self.loaded.model
         loops = model.config.default_loops
-        cache = model.new_cache(len(prompt) + rows + 1, loops, alloc=self.pool.allocator())
+        cache = model.new_cache(len(prompt) + rows + 1, loops)
         model.forward(prompt, np.arange(len(prompt)), cache, loops, exact=False, last_only=True)
         start = len(prompt)
         tokens = (np.arange(rows) * 7 + 11) % model.config.vocab_size
@@ -180,7 +180,7 @@ class TinyLoopOps:
                    for _ in range(count) for layer in layers[stage] for name in ("qkv", "out", "up", "down")]
         handles.append(model.weights.head)
         rows = [backend.asarray(np.ones((1, _in_features(h)), np.float32)) for h in handles]
-        cache = model.new_cache(len(prompt) + steps, loops, alloc=self.pool.allocator())
+        cache = model.new_cache(len(prompt) + steps, loops)
         model.forward(prompt, np.arange(len(prompt)), cache, loops, exact=False, last_only=True)
         decode = products = 0.0
         for step in range(steps):

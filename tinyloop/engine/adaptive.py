@@ -25,69 +25,73 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.engine.decode import prefill
+from tinyloop.engine.decode import CachedPrompt, prefill_passes
+from tinyloop.kv.prefix import slot_keys
 from tinyloop.engine.sampling import next_tokens_with_logprobs
+from tinyloop.limits import DEFAULT_PREFILL_CHUNK
+from tinyloop.model.batch import Pass
 
 KL_DEFAULT = 1e-3
 
 
 class AdaptiveDecoder:
-    def __init__(self, model, request, loops: int, sampler, sink, alloc=None):
+    def __init__(self, model, request, loops: int, sampler, sink, pool=None, chunk: int = DEFAULT_PREFILL_CHUNK):
         self.model, self.depth, self.sampler, self.sink = model, loops, sampler, sink
         self.prompt = list(request.prompt_ids)
+        self.chunk = chunk
+        self.prefilled = None                   # called once the prompt is in the cache
         self.threshold = request.exit_threshold if request.exit_threshold is not None \
             else model.config.exit_threshold
         self.cache = model.new_cache(len(self.prompt) + request.max_tokens, loops, window=request.cache_window,
-                                     alloc=alloc)
+                                     pool=pool)
+        self.cached = CachedPrompt(pool, self.cache, self.prompt, slot_keys(model.config, loops))
         self.loops_used: list[int] = []
+
+    def publish(self) -> None:
+        """The prompt's blocks only: generated tokens' skipped iterations hold copied keys and
+        values, not what a full-depth forward computes (kv/prefix.py)."""
+        self.cached.publish()
 
     @staticmethod
     def capacity(model, request) -> tuple[int, int]:
         return len(request.prompt_ids) + request.max_tokens, 0
 
-    def prefill(self) -> None:
-        logits = prefill(self.model, self.prompt, self.cache, self.depth)
+    def passes(self):
+        """Generator of the forwards this request needs, to its end."""
+        backend = self.model.backend
+        logits = yield from prefill_passes(self.model, self.prompt, self.cache, self.depth, self.chunk,
+                                           start=self.cached.rows)
+        self.cached.publish()
+        if self.prefilled is not None:
+            self.prefilled()
         self.loops_used.append(self.depth)
-        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])
-
-    def step(self) -> None:
-        position = self.cache.length
-        logits, used = self.decode(self.sink.tokens[-1], position)
-        self.cache.length = position + 1
-        self.loops_used.append(used)
-        self.sink.push(*next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0])
+        self.sink.push(*next_tokens_with_logprobs(self.sampler, backend, logits)[0])
+        while self.sink.finish_reason is None:
+            position = self.cache.length
+            logits, used = yield from self.decode(self.sink.tokens[-1], position)
+            self.cache.length = position + 1
+            self.loops_used.append(used)
+            self.sink.push(*next_tokens_with_logprobs(self.sampler, backend, logits)[0])
 
     def decode(self, token: int, position: int):
-        """One token, iterating until the criterion exits -> (logits (1, V), iterations run)."""
+        """Generator: one token, iterating until the criterion exits -> (logits (1, V), iterations run)."""
         model, depth = self.model, self.depth
-        plan = model.plan(np.array([position]), position, self.cache)
-        trunk = model.trunk([token], plan, self.cache, 0)
         coda_base = model.coda_base(depth)
+        criterion = _GateExit(model, self.threshold, depth) if model.config.exit_gate else \
+            _KLExit(model, self.threshold, depth, self.cache, coda_base)
         kept: list = []
-        gate = model.config.exit_gate
-        remaining, cumulative = 1.0, 0.0
-        previous = None                                        # log-probabilities of the previous iteration
-        logits = None
-        for n in range(1, depth + 1):
-            trunk = model.resume(trunk, plan, self.cache, n, kept=kept)
-            if gate:
-                lam = float(model.exit_lambda(trunk.hidden)[0])
-                step = remaining if n == depth else lam * remaining
-                remaining *= 1.0 - lam
-                cumulative += step
-                done = cumulative >= self.threshold
-            else:
-                logits = model.head(model.coda(trunk.hidden, plan, self.cache, coda_base))
-                log_p = _log_softmax(model.backend.to_host(logits)[0])
-                if previous is None:
-                    previous = np.full_like(log_p, -np.log(log_p.shape[0]))
-                done = _kl(previous, log_p) < self.threshold
-                previous = log_p
-            if done or n == depth:
-                break
-        self._fill_skipped(plan, kept, n)
-        if gate:
-            logits = model.head(model.coda(trunk.hidden, plan, self.cache, coda_base))
+        step = Pass(self.cache, np.array([position]), position, depth, tokens=[token], exit_check=criterion,
+                    kept=kept)
+        criterion.step = step
+        yield step
+        n = step.iterations_run
+        self._fill_skipped(step.plan, kept, n)
+        logits = criterion.logits
+        if logits is None:                    # the gate decides without the coda: run it on the exit state now
+            finish = Pass(self.cache, np.array([position]), position, n, trunk=step.trunk_out, coda=coda_base,
+                          head="all")
+            yield finish
+            logits = finish.logits
         return logits, n
 
     def _fill_skipped(self, plan, kept: list, iterations: int) -> None:
@@ -96,6 +100,44 @@ class AdaptiveDecoder:
         for iteration in range(iterations, self.depth):
             for index, (keys, values) in enumerate(kept):
                 model.backend.kv_write(storage, model.core_slot(iteration, index), plan, keys, values)
+
+
+class _GateExit:
+    """Ouro's rule, after iteration n: the exit gate's lambda_n; exit at the first n whose
+    cumulative exit probability reaches the threshold (the last iteration takes the rest)."""
+
+    def __init__(self, model, threshold: float, depth: int):
+        self.model, self.threshold, self.depth = model, threshold, depth
+        self.remaining, self.cumulative = 1.0, 0.0
+        self.logits = None
+
+    def __call__(self, n: int, hidden) -> bool:
+        lam = float(self.model.exit_lambda(hidden)[0])
+        step = self.remaining if n == self.depth else lam * self.remaining
+        self.remaining *= 1.0 - lam
+        self.cumulative += step
+        return self.cumulative >= self.threshold
+
+
+class _KLExit:
+    """Huginn's rule, after iteration n: the coda and head on the state (whose coda KV rows are
+    then those of the exit state), and exit when KL(p_{n-1} || p_n) < threshold (p_0 uniform)."""
+
+    def __init__(self, model, threshold: float, depth: int, cache, coda_base: int):
+        self.model, self.threshold, self.depth, self.cache, self.coda_base = model, threshold, depth, cache, coda_base
+        self.previous = None                  # log-probabilities after the previous iteration
+        self.logits = None
+        self.step = None                      # the Pass being run (its plan, once planned)
+
+    def __call__(self, n: int, hidden) -> bool:
+        model = self.model
+        self.logits = model.head(model.coda(hidden, self.step.plan, self.cache, self.coda_base))
+        log_p = _log_softmax(model.backend.to_host(self.logits)[0])
+        if self.previous is None:
+            self.previous = np.full_like(log_p, -np.log(log_p.shape[0]))
+        done = _kl(self.previous, log_p) < self.threshold
+        self.previous = log_p
+        return done
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -1,22 +1,31 @@
 """The engine: one dedicated thread that steps generations, schedule -> run -> postprocess.
 
-Admission: one generation runs; up to `max_waiting` wait in order; a submit beyond
-that is refused (the HTTP layer answers 429). A request is validated when submitted
-(a bad one never queues). A generation whose client left is cancelled: dropped from
-the queue if waiting, stopped before its next step if running. Stopping the engine
-ends every generation with finish reason "shutdown". An unexpected error inside a
-step marks the engine failed; it then refuses everything (503).
+Admission: up to `max_running` generations step together (TINYLOOP_MAX_RUNNING; 1 is the
+local-agent contract: one runs, the rest wait their turn); up to `max_waiting` wait in
+order; a submit beyond that is refused (the HTTP layer answers 429). A request is validated
+when submitted (a bad one never queues). The head of the queue starts when a running place
+is free and the KV pool can reserve every block its cache may need (kv/pool.py); until
+then it, and everything behind it, waits (first come, first served), so a running request
+never runs out of cache and is never disturbed by a new one.
 
-Each engine step schedules the sequences to advance (today: the one running, admitting
-the next waiting one when none runs), runs one step of each (a prefill, a decode step
-or a speculative round), then postprocesses: finished and cancelled sequences report
-their result and give their KV cache back to the pool. Running several sequences in
-one step is a change to the scheduler (and a batched forward), not to this loop.
+Each step: every running sequence names the forward it needs next (a prefill chunk, a
+decode step, a draft level or a verify: its decoder's next Pass, model/batch.py); decode,
+draft and verify passes all run, prefill chunks run while the step's token budget
+(`step_tokens`) allows, at least one per step, so a long prompt is taken a chunk at a time
+between the other requests' tokens; the chosen passes run as one batched forward; then each
+sequence takes its results (tokens reach its client) and names its next pass.
+
+A generation whose client left is cancelled: dropped from the queue if waiting, ended
+before the engine's next step if running. Stopping the engine ends every generation with
+finish reason "shutdown". A request-level error (RequestError) in one sequence ends that
+sequence alone; any other error inside a step is an engine fault: the engine is marked
+failed and refuses everything (503).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +35,9 @@ from tinyloop.engine.request import GenerationRequest, check_request
 from tinyloop.engine.sequence import Sequence
 from tinyloop.errors import RequestError, TinyLoopError
 from tinyloop.kv.pool import KVPool, default_pool_bytes
+from tinyloop.kv.prefix import PrefixCache
+from tinyloop.limits import DEFAULT_PREFILL_CHUNK
+from tinyloop.model.batch import run_passes
 
 log = logging.getLogger("tinyloop.engine")
 
@@ -52,27 +64,51 @@ class Submission:
     on_event: object = None
     cancel: threading.Event = field(default_factory=threading.Event)
     sequence: Sequence | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0                   # submitted -> admitted
 
     def emit(self, kind: str, payload) -> None:
         if self.on_event is not None:
             self.on_event(kind, payload)
 
 
+@dataclass
+class StepStats:
+    """What the engine did, for /metrics (read from other threads: plain counters)."""
+    steps: int = 0
+    rows: int = 0                          # rows of every batched forward, summed
+    batch_sizes: dict = field(default_factory=dict)     # sequences per forward -> forwards
+
+
+def default_max_running(backend) -> int:
+    return getattr(backend, "default_max_running", 1)
+
+
 class Engine:
     def __init__(self, loaded, max_waiting: int = 8, on_failure=None, on_job_done=None,
-                 kv_budget_bytes: int | None = None, faults=None):
+                 kv_budget_bytes: int | None = None, faults=None, max_running: int | None = None,
+                 prefill_chunk: int | None = None, step_tokens: int | None = None, prefix_cache: bool = True):
         self.loaded = loaded
         self.faults = faults                    # a FaultPlan (tests only: engine/faults.py) or None
         model = loaded.model
         self.max_waiting = max_waiting
+        self.max_running = max_running or default_max_running(model.backend)
+        self.prefill_chunk = prefill_chunk or DEFAULT_PREFILL_CHUNK
+        self.step_tokens = max(step_tokens or 2 * self.prefill_chunk, 1)
         self.on_failure = on_failure
         self.on_job_done = on_job_done          # (GenerationResult) -> None, on the engine thread
         self.failure: str | None = None
-        self.pool = KVPool(model.backend, kv_budget_bytes or default_pool_bytes(model),
-                           from_setting=kv_budget_bytes is not None)
+        self.pool = KVPool.for_model(model, kv_budget_bytes or default_pool_bytes(model),
+                                     from_setting=kv_budget_bytes is not None)
+        # The prefix cache needs a cached row to be the row a cold prefill computes: on a backend
+        # whose bulk path is not row-exact (the NumPy reference, CUDA's prefill kernels) it stays off.
+        self.prefix = None
+        if prefix_cache and model.backend.bulk_is_exact:
+            self.prefix = PrefixCache(self.pool, (model.kv_mode, model.backend.activations))
+        self.stats = StepStats()
         self._lock = threading.Condition()
         self._waiting: deque[Submission] = deque()
-        self._running: Submission | None = None
+        self._running: list[Submission] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="tinyloop-engine", daemon=True)
         self._thread.start()
@@ -80,7 +116,7 @@ class Engine:
     # -- admission (any thread) ------------------------------------------------------------
     @property
     def running(self) -> int:
-        return 1 if self._running is not None else 0
+        return len(self._running)
 
     @property
     def waiting(self) -> int:
@@ -95,13 +131,14 @@ class Engine:
                 raise EngineFailed(self.failure)
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            # Capacity is one running + max_waiting waiting. While the engine thread has not yet
-            # taken the head of the queue, that request holds the running slot, not a waiting one:
-            # admission must not depend on how soon the engine thread wakes up.
-            free_runner = 1 if self._running is None else 0
-            if len(self._waiting) >= self.max_waiting + free_runner:
-                raise QueueFull(f"{self.running} generation running and {len(self._waiting)} waiting "
-                                f"(TINYLOOP_MAX_WAITING={self.max_waiting})")
+            # Capacity is max_running running + max_waiting waiting. Requests the engine thread
+            # has not taken yet hold free running places, not waiting ones: admission must not
+            # depend on how soon the engine thread wakes up.
+            free_runners = max(self.max_running - len(self._running), 0)
+            if len(self._waiting) >= self.max_waiting + free_runners:
+                plural = "" if self.running == 1 else "s"
+                raise QueueFull(f"{self.running} generation{plural} running (TINYLOOP_MAX_RUNNING={self.max_running}) "
+                                f"and {len(self._waiting)} waiting (TINYLOOP_MAX_WAITING={self.max_waiting})")
             self._waiting.append(submission)
             self._lock.notify_all()
         return submission
@@ -119,6 +156,7 @@ class Engine:
                 self._waiting.remove(submission)
             except ValueError:
                 pass
+            self._lock.notify_all()
 
     def stop(self) -> None:
         """End every generation (finish reason "shutdown") and the engine thread."""
@@ -140,50 +178,117 @@ class Engine:
         batch = self._schedule()
         if batch is None:
             return False
-        for submission in batch:
-            self._run(submission)
+        self._run(batch)
         self._postprocess(batch)
         return True
 
     def _schedule(self) -> list[Submission] | None:
-        """The sequences to advance this step: the running one, or the next waiting one."""
+        """The sequences to advance this step: the running ones, and the waiting ones that fit now."""
         with self._lock:
-            while self._running is None and not self._waiting and not self._stopping:
+            while not self._running and not self._waiting and not self._stopping:
                 self._lock.wait()
-            if self._running is None and self._waiting and not self._stopping:
-                self._running = self._waiting.popleft()
-            running = self._running
-        if running is None:
-            return None
-        return [running]
+            if self._stopping and not self._running:
+                return None
+            admitted, promised = [], 0          # blocks the admitted will reserve when their caches are made
+            while self._waiting and len(self._running) < self.max_running and not self._stopping:
+                head = self._waiting[0]
+                model = self.loaded.model
+                need = Sequence.cache_blocks(model, head.request, check_request(model, head.request))
+                if not self.pool.can_reserve(promised + need):
+                    break                       # first come, first served: what follows waits too
+                promised += need
+                self._waiting.popleft()
+                self._running.append(head)
+                admitted.append(head)
+            if not self._running and self._waiting:
+                # nothing runs and the head cannot reserve its blocks: only blocks the prefix
+                # cache keeps could be in the way, and evicting frees them; wait for a change
+                self._lock.wait(0.05)
+            batch = list(self._running)
+        for submission in admitted:
+            self._admit(submission)
+        return batch
 
-    def _run(self, submission: Submission) -> None:
-        """One step of one sequence (creating it on its first step)."""
+    def _admit(self, submission: Submission) -> None:
+        """The sequence of a newly admitted request: its cache reserves its blocks now."""
+        submission.queue_s = time.perf_counter() - submission.submitted
         try:
-            if submission.sequence is None:
-                submission.sequence = Sequence(
-                    self.loaded.model, submission.request, self.loaded.tokenizer, self.pool,
-                    on_token=lambda token, text: submission.emit("token", (token, text)),
-                    on_logprobs=lambda logprobs: submission.emit("logprobs", logprobs))
-            sequence = submission.sequence
-            if self._stopping:
-                sequence.end(FINISH_SHUTDOWN)
-            elif submission.cancel.is_set():
-                sequence.end(FINISH_CANCELLED)
-            else:
-                if self.faults is not None:
-                    self.faults.before_step(sequence)
-                sequence.step()
+            submission.sequence = Sequence(
+                self.loaded.model, submission.request, self.loaded.tokenizer, self.pool,
+                on_token=lambda token, text: submission.emit("token", (token, text)),
+                on_logprobs=lambda logprobs: submission.emit("logprobs", logprobs),
+                prefill_chunk=self.prefill_chunk)
+            submission.sequence.queue_s = submission.queue_s
         except RequestError as exc:
-            submission.sequence = None
             self._finish(submission, ("error", exc))
         except Exception as exc:          # noqa: BLE001 - any other error is an engine failure
-            self._fail(submission, exc)
+            self._fail(exc)
+
+    def _run(self, batch: list[Submission]) -> None:
+        """One step of every running sequence: their passes in one batched forward."""
+        ready = []
+        for submission in batch:
+            sequence = submission.sequence
+            if sequence is None or self.failure is not None:
+                continue
+            if self._stopping:
+                sequence.end(FINISH_SHUTDOWN)
+                continue
+            if submission.cancel.is_set():
+                sequence.end(FINISH_CANCELLED)
+                continue
+            try:
+                if self.faults is not None:
+                    self.faults.before_step(sequence)
+                step = sequence.next_pass()
+            except RequestError as exc:
+                self._finish(submission, ("error", exc))
+                continue
+            except Exception as exc:      # noqa: BLE001 - any other error is an engine failure
+                self._fail(exc)
+                return
+            if step is not None:
+                ready.append((submission, step))
+        chosen = self._within_budget(ready)
+        if not chosen:
+            return
+        try:
+            run_passes(self.loaded.model, [step for _, step in chosen])
+        except Exception as exc:          # noqa: BLE001 - a fault in the batched forward fails the engine
+            self._fail(exc)
+            return
+        self.stats.steps += 1
+        self.stats.rows += sum(step.n_rows for _, step in chosen)
+        self.stats.batch_sizes[len(chosen)] = self.stats.batch_sizes.get(len(chosen), 0) + 1
+        for submission, _ in chosen:
+            try:
+                submission.sequence.advance()
+            except RequestError as exc:
+                self._finish(submission, ("error", exc))
+            except Exception as exc:      # noqa: BLE001
+                self._fail(exc)
+                return
+
+    def _within_budget(self, ready: list) -> list:
+        """Every decode, draft and verify pass; prefill chunks in admission order while the
+        step's rows stay within step_tokens, and at least one, so prompts always advance."""
+        chosen = [(s, p) for s, p in ready if p.exact]
+        rows = sum(p.n_rows for _, p in chosen)
+        prefills = 0
+        for submission, step in ready:
+            if step.exact:
+                continue
+            if prefills and rows + step.n_rows > self.step_tokens:
+                continue
+            chosen.append((submission, step))
+            rows += step.n_rows
+            prefills += 1
+        return chosen
 
     def _postprocess(self, batch: list[Submission]) -> None:
         for submission in batch:
             sequence = submission.sequence
-            if sequence is None or not sequence.finished:
+            if sequence is None or not sequence.finished or submission not in self._running:
                 continue
             result = sequence.result()
             if self.on_job_done is not None:
@@ -191,22 +296,28 @@ class Engine:
             self._finish(submission, ("done", result))
 
     def _finish(self, submission: Submission, final: tuple) -> None:
-        # Free the engine before telling the client, so whoever sees the result also
-        # sees the engine idle.
+        # Free the engine's place and the cache's blocks before telling the client, so whoever
+        # sees the result also sees them free.
         with self._lock:
-            if self._running is submission:
-                self._running = None
-        submission.sequence = None                 # its cache goes back to the pool
+            if submission in self._running:
+                self._running.remove(submission)
+            self._lock.notify_all()
+        if submission.sequence is not None:
+            submission.sequence.release()
+        submission.sequence = None
         submission.emit(*final)
 
-    def _fail(self, submission: Submission, exc: Exception) -> None:
+    def _fail(self, exc: Exception) -> None:
+        """An engine fault: every running and waiting generation ends with EngineFailed."""
         self.failure = f"engine error: {type(exc).__name__}: {exc}"
         log.error("engine failed:\n%s", traceback.format_exc())
         with self._lock:
             waiting, self._waiting = list(self._waiting), deque()
+            running = list(self._running)
         for other in waiting:
             other.cancel.set()
             other.emit("error", EngineFailed(self.failure))
         if self.on_failure is not None:
             self.on_failure(self.failure)
-        self._finish(submission, ("error", EngineFailed(self.failure)))
+        for submission in running:
+            self._finish(submission, ("error", EngineFailed(self.failure)))

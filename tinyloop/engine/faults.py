@@ -5,8 +5,8 @@ TINYLOOP_TEST_FAULT is ignored entirely (a stray variable cannot break a server)
 
     TINYLOOP_TEST_HOOKS=1 TINYLOOP_TEST_FAULT=decode:3    (raise before the 4th decode step)
 
-A point is `prefill` (a sequence's first step), `decode` (a plain decode step) or
-`speculative` (a draft-and-verify round); the number is how many steps of that kind
+A point is `prefill` (a step of a sequence's prefill), `decode` (a plain decode step) or
+`speculative` (a step of a draft-and-verify round); the number is how many steps of that kind
 run normally before the fault (default 0). The fault is an InjectedFault raised inside
 the engine's step, where a kernel error would be: the engine treats it as any internal
 error (worker_failed, README "Reliability").
@@ -33,7 +33,7 @@ class FaultPlan:
 
     def before_step(self, sequence) -> None:
         """Called by the engine thread before each step of a sequence; raises at the planned one."""
-        if not sequence.prefilled:
+        if not sequence.prompt_done:
             phase = "prefill"
         else:
             phase = "decode" if sequence.request.mode == "generate" else "speculative"

@@ -8,15 +8,17 @@ from dataclasses import replace
 
 from tinyloop.engine.request import GenerationRequest, GenerationResult
 from tinyloop.engine.sequence import Sequence, run
+from tinyloop.limits import DEFAULT_PREFILL_CHUNK
 
 __all__ = ["GenerationRequest", "GenerationResult", "generate", "speculative_generate"]
 
 
 def generate(model, request: GenerationRequest, on_token=None, cancel=None, tokenizer=None,
-             pool=None) -> GenerationResult:
+             pool=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> GenerationResult:
     """on_token(token_id, text or None) for each generated token (not the stop token);
-    cancel is checked before every step. request.mode picks plain or speculative decoding."""
-    return run(Sequence(model, request, tokenizer, pool, on_token), cancel)
+    cancel is checked before every step. request.mode picks plain or speculative decoding.
+    prefill_chunk: prompt rows per prefill forward (the server's TINYLOOP_PREFILL_CHUNK)."""
+    return run(Sequence(model, request, tokenizer, pool, on_token, prefill_chunk=prefill_chunk), cancel)
 
 
 def speculative_generate(model, request: GenerationRequest, params, on_token=None, cancel=None,

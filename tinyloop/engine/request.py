@@ -44,6 +44,8 @@ class GenerationResult:
     text: str | None = None             # the released text (with a tokenizer): stop strings cut
     text_tail: str = ""                 # released only at the end (held back for stop strings)
     logprobs: list | None = None        # TokenLogprobs per token of `tokens`, when asked for
+    queue_s: float = 0.0                # submitted to the engine -> started (waiting for a running place)
+    cached_tokens: int = 0              # prompt tokens whose KV came from the prefix cache
 
     @property
     def tokens_per_second(self) -> float:

@@ -210,3 +210,44 @@ def _bulk_chunks(positions: np.ndarray, geometry: Geometry) -> list:
         visible = (key_pos <= pos[:, None]) & (key_pos >= lowest[:, None])   # (t, span)
         chunks.append(BulkChunk(start, stop, _range(first, span_end, geometry.ring), visible))
     return chunks
+
+
+@dataclass
+class LayerPart:
+    """One cache's rows in a layer call: its plan, its cache, and where the core layers' keys
+    and values go for adaptive depth (a list, or None)."""
+    plan: ForwardPlan
+    cache: object
+    kept: list | None = None
+
+
+class Rows:
+    """The rows of one layer call, stacked: parts[i] = (start, stop, part), part having .plan,
+    .cache and .kept (a LayerPart, or a Pass of model/batch.py), rows [start, stop) its own,
+    in order. backend.rope reads `rotation`: every part's RoPE rotations, stacked."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self._rotation = None
+
+    @property
+    def rotation(self):
+        if self._rotation is None and self.parts[0][2].plan.rotation is not None:
+            rotations = [part.plan.rotation for _, _, part in self.parts]
+            if len(rotations) == 1:
+                self._rotation = rotations[0]
+            else:
+                xp = np if isinstance(rotations[0], np.ndarray) else __import__("cupy")
+                self._rotation = xp.concatenate(rotations)
+        return self._rotation
+
+    def linear_groups(self, bulk_is_exact: bool) -> list:
+        """[(exact, part indexes)]: the linear calls the rows need. One call for every row
+        where the backend gives a bulk row its exact bits in any company, or where every part
+        is exact; otherwise the exact parts together and each bulk (prefill) part alone."""
+        exact = [part.plan.exact for _, _, part in self.parts]
+        if bulk_is_exact or all(exact):
+            return [(all(exact), list(range(len(self.parts))))]
+        groups = [(False, [i]) for i, e in enumerate(exact) if not e]
+        together = [i for i, e in enumerate(exact) if e]
+        return ([(True, together)] if together else []) + groups

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.backends.reference.positions import model_frequencies
-from tinyloop.kv.cache import KVCache, cache_bytes
-from tinyloop.limits import MAX_FORWARD_ROWS
+from tinyloop.kv.cache import KVCache, cache_bytes, physical_rows_needed
+from tinyloop.limits import ATTENTION_BLOCK, MAX_FORWARD_ROWS
 from tinyloop.model.config import ModelConfig
-from tinyloop.model.plan import ForwardPlan, StepBuffers, TreeRows, build_plan
+from tinyloop.model.plan import ForwardPlan, LayerPart, Rows, StepBuffers, TreeRows, build_plan
 from tinyloop.model.state import initial_state
 from tinyloop.model.weights import LayerWeights, ModelWeights
 
@@ -54,10 +54,16 @@ class LoopedTransformer:
         self.buffers = StepBuffers()    # per-step inputs of the exact path
 
     # -- cache bookkeeping ------------------------------------------------------------
-    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0, alloc=None) -> KVCache:
+    def new_cache(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0, pool=None) -> KVCache:
+        """pool: the engine's KV pool (kv/pool.py) the cache reserves its blocks in; None: its own."""
         c = self.config
         return KVCache(self.backend, c.n_layer_instances(loops) + extra_slots, c.n_kv_heads, c.head_dim,
-                       capacity, self.kv_mode, window, alloc=alloc)
+                       capacity, self.kv_mode, window, pool=pool)
+
+    def cache_blocks(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> int:
+        """Pool blocks a cache of this shape reserves: its slots times its 64-row blocks per slot."""
+        slots = self.config.n_layer_instances(loops) + extra_slots
+        return slots * (physical_rows_needed(capacity, window) // ATTENTION_BLOCK)
 
     def cache_bytes(self, capacity: int, loops: int, extra_slots: int = 0, window: int = 0) -> int:
         c = self.config
@@ -77,12 +83,17 @@ class LoopedTransformer:
 
     # -- the plan of a forward ----------------------------------------------------------
     def plan(self, positions, write_row: int, cache: KVCache, exact: bool = True,
-             tree: TreeRows | None = None) -> ForwardPlan:
+             tree: TreeRows | None = None, step_buffers: bool = True) -> ForwardPlan:
         """Where T new tokens at `positions` go (consecutive virtual rows from write_row),
-        what their queries read, and their RoPE rotations: once per forward."""
+        what their queries read, and their RoPE rotations: once per forward. The cache takes
+        pool blocks for the rows written. step_buffers: the exact plan's arrays are views of
+        the model's StepBuffers (what a captured GPU step reads); False: arrays of its own
+        (several plans alive at once: model/batch.py)."""
         positions = np.asarray(positions, np.int64)
         cache.check_rows(write_row, positions.shape[0])
-        plan = build_plan(positions, write_row, cache.geometry, exact, tree, buffers=self.buffers)
+        cache.ensure_rows(write_row, positions.shape[0])
+        plan = build_plan(positions, write_row, cache.geometry, exact, tree,
+                          buffers=self.buffers if step_buffers else None)
         if self.rope is not None:
             plan.rotation = self.backend.rope_rows(self.rope, plan)
         return plan
@@ -93,48 +104,79 @@ class LoopedTransformer:
     # -- one layer ----------------------------------------------------------------------
     def layer(self, weights: LayerWeights, h, plan: ForwardPlan, cache: KVCache, slot: int, capture=None,
               kept=None):
-        """One transformer layer; writes this instance's keys/values. h: (T, D).
+        """One transformer layer over one cache's rows; writes this instance's keys/values. h: (T, D).
 
         capture(name, x), if given, sees the input of each linear: "qkv", "out", "up",
         "down" (the quantizer's calibration hook). kept, a list, receives (keys, values)
         as written (adaptive depth copies them into the slots of skipped iterations)."""
-        c, b, exact = self.config, self.backend, plan.exact
+        return self.layer_rows(weights, h, Rows([(0, h.shape[0], LayerPart(plan, cache, kept))]), [slot], capture)
+
+    def layer_rows(self, weights: LayerWeights, h, rows: Rows, slots: list, capture=None):
+        """One transformer layer over the stacked rows of several caches (model/batch.py): every
+        operation but the KV write and attention runs on all rows at once; those two run per
+        part, at its slot (slots[i] for rows.parts[i]) of its cache, through its plan. h: (T, D)."""
+        c, b = self.config, self.backend
         n_tokens = h.shape[0]
         x = self._norm(h, weights.attn_norm, feeds_linear=True)
         if capture:
             capture("qkv", x)
-        qkv = b.linear(x, weights.qkv, exact)                              # (T, q_dim + 2 kv_dim)
+        qkv = self.linear_rows(x, weights.qkv, rows)                        # (T, q_dim + 2 kv_dim)
         qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
-        if plan.rotation is not None:
-            qk = b.rope(qk, plan)                                          # queries and keys in one go
+        if rows.rotation is not None:
+            qk = b.rope(qk, rows)                                          # queries and keys in one go
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
-        b.kv_write(cache.storage, slot, plan, k, v)
-        if kept is not None:
-            kept.append((k, v))
-        attn = b.attention(q, cache.storage, slot, plan, self.scale).reshape(n_tokens, c.q_dim)
+        outputs = []
+        for (start, stop, part), slot in zip(rows.parts, slots):
+            storage = part.cache.storage
+            b.kv_write(storage, slot, part.plan, k[start:stop], v[start:stop])
+            if part.kept is not None:
+                part.kept.append((k[start:stop], v[start:stop]))
+            outputs.append(b.attention(q[start:stop], storage, slot, part.plan, self.scale))
+        attn = (outputs[0] if len(outputs) == 1 else b.xp.concatenate(outputs)).reshape(n_tokens, c.q_dim)
         if capture:
             capture("out", attn)
-        h = self._residual(h, attn, weights.out, weights.attn_post_norm, exact)
+        h = self._residual(h, attn, weights.out, weights.attn_post_norm, rows)
 
         x = self._norm(h, weights.mlp_norm, feeds_linear=True)
         if capture:
             capture("up", x)
-        up = b.linear(x, weights.up, exact)                                # (T, ffn) or (T, 2 ffn)
+        up = self.linear_rows(x, weights.up, rows)                          # (T, ffn) or (T, 2 ffn)
         act = b.swiglu(up, c.ffn_dim) if c.mlp == "swiglu" else b.gelu(up)
         if capture:
             capture("down", act)
-        return self._residual(h, act, weights.down, weights.mlp_post_norm, exact)
+        return self._residual(h, act, weights.down, weights.mlp_post_norm, rows)
 
-    def _residual(self, h, x, projection, post_norm, exact: bool):
+    def linear_rows(self, x, weight, rows: Rows, residual=None):
+        """x (T, in) @ weight for stacked rows: one call where the backend gives every row its
+        exact-path bits in any company (backend.bulk_is_exact, or every part exact); else the
+        exact parts' rows together and each bulk (prefill) part on its own, as a forward of
+        its own would run them."""
+        b = self.backend
+        groups = rows.linear_groups(b.bulk_is_exact)
+        if len(groups) == 1:
+            return b.linear(x, weight, groups[0][0], residual=residual)
+        pieces = [None] * len(rows.parts)
+        for exact, members in groups:
+            xs = [x[rows.parts[i][0]:rows.parts[i][1]] for i in members]
+            res = None if residual is None else [residual[rows.parts[i][0]:rows.parts[i][1]] for i in members]
+            out = b.linear(xs[0] if len(xs) == 1 else b.xp.concatenate(xs), weight, exact,
+                           residual=None if res is None else res[0] if len(res) == 1 else b.xp.concatenate(res))
+            start = 0
+            for i, piece in zip(members, xs):
+                pieces[i] = out[start:start + piece.shape[0]]
+                start += piece.shape[0]
+        return b.xp.concatenate(pieces)
+
+    def _residual(self, h, x, projection, post_norm, rows: Rows):
         """h + projection(x), with the sandwich norm where the config puts one. Without one,
         the add goes into the linear (fused into its kernel on a GPU: one launch fewer)."""
-        mode, b = self.config.post_norm, self.backend
+        mode = self.config.post_norm
         if mode == "branch":
-            return h + self._norm(b.linear(x, projection, exact), post_norm)
+            return h + self._norm(self.linear_rows(x, projection, rows), post_norm)
         if mode == "sum":
-            return self._norm(h + b.linear(x, projection, exact), post_norm)
-        return b.linear(x, projection, exact, residual=h)
+            return self._norm(h + self.linear_rows(x, projection, rows), post_norm)
+        return self.linear_rows(x, projection, rows, residual=h)
 
     # -- the pieces of the forward -------------------------------------------------------
     def trunk(self, tokens, plan: ForwardPlan, cache: KVCache, iterations: int, capture=None) -> Trunk:
@@ -169,14 +211,16 @@ class LoopedTransformer:
                                kept)
         return Trunk(h, trunk.injected, max(iterations, trunk.iterations))
 
-    def enter_iteration(self, h, injected, iteration: int, exact: bool = True):
+    def enter_iteration(self, h, injected, iteration: int, exact=True):
         """The state an iteration's first core layer reads: the norm between iterations,
-        then the input injection."""
+        then the input injection. exact: the plan's form, or the Rows of stacked caches."""
         c, b = self.config, self.backend
         if iteration > 0 and c.loop_norm == "between":
             h = self._norm(h, self.weights.final_norm)
         if c.input_injection == "concat":
             w = self.weights
+            if isinstance(exact, Rows):
+                return self.linear_rows(h, w.adapter_state, exact) + self.linear_rows(injected, w.adapter_input, exact)
             return b.linear(h, w.adapter_state, exact) + b.linear(injected, w.adapter_input, exact)
         if c.input_injection == "add" and iteration > 0:
             return h + injected
@@ -195,10 +239,16 @@ class LoopedTransformer:
             h = self.layer(weights, h, plan, cache, coda_base + i, _bind(capture, "coda", i))
         return h
 
-    def head(self, h, exact: bool = True):
-        """h: (T, D) -> logits (T, vocab) float32, on the backend."""
+    def head(self, h, exact: bool = True, rows: Rows | None = None):
+        """h: (T, D) -> logits (T, vocab) float32, on the backend. rows: the stacked rows of
+        several caches (model/batch.py), whose linear groups decide the calls."""
         x = self._norm(h, self.weights.final_norm, feeds_linear=True)
+        if rows is not None:
+            return self.linear_rows(x, self.weights.head, rows)
         return self.backend.linear(x, self.weights.head, exact)
+
+    def final_norm(self, h):
+        return self._norm(h, self.weights.final_norm)
 
     # -- the whole forward ---------------------------------------------------------------
     def forward(self, tokens, positions, cache: KVCache, loops: int, *, exact: bool = True,

@@ -37,11 +37,12 @@ def attention(q: np.ndarray, storage, slot: int, plan, scale: float) -> np.ndarr
             shared_end, tail_rows = plan.attention.shared_end, plan.attention.tail_rows
         prepared = PreparedAttention(q.shape[0], kernel_bits(storage.mode), group_size(storage.head_dim),
                                      storage.keys, storage.values, plan.positions, window, ring_blocks, shared_end,
-                                     tail_rows, scale, storage.mode == "int4-h", q.shape[2], q.shape[1], None, TILE)
+                                     tail_rows, scale, storage.mode == "int4-h", q.shape[2], q.shape[1], None, TILE,
+                                     storage.rows)
         plan.prepared[key] = (storage, prepared)          # storage held: its id stays its own
     else:
         prepared = prepared[1]
-    return prepared.run(q, slot)
+    return prepared.run(q, storage.table[slot])
 
 
 def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions, scale: float,
@@ -49,12 +50,13 @@ def attention_over(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
     """Attention over plain (n_kv, rows, hd) float32 key and value arrays in any memory
     layout, physical row = virtual row: the kernel on an fp32 store holding them, for
     tests and tools. exact=False plans the bulk (prefill) path, which gives the same bits."""
-    from tinyloop.backends.cpu.kvstore import KVStorage
+    from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage
 
     n_kv, rows, head_dim = keys.shape
     padded = -(-rows // ATTENTION_BLOCK) * ATTENTION_BLOCK
-    storage = KVStorage("fp32", 1, n_kv, padded, head_dim)
-    storage.keys["data"][0, :, :rows] = keys
-    storage.values["data"][0, :, :rows, :head_dim] = values
+    storage = KVStorage(PoolStorage("fp32", n_kv, padded, head_dim),
+                        np.arange(padded // ATTENTION_BLOCK, dtype=np.int32)[None])
+    storage.keys["data"][:, :rows] = keys
+    storage.values["data"][:, :rows, :head_dim] = values
     plan = build_plan(positions, int(np.min(positions)), Geometry(padded, None, window), exact, tree)
     return attention(q, storage, 0, plan, scale)

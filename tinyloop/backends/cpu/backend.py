@@ -15,7 +15,7 @@ import numpy as np
 from tinyloop.backends.reference.backend import NumpyBackend
 from tinyloop.backends.cpu.activations import gelu_tanh, swiglu
 from tinyloop.backends.cpu.attention import attention as attend_plan
-from tinyloop.backends.cpu.kvstore import KVStorage, bytes_per_row, kv_write
+from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage, bytes_per_row, kv_write
 from tinyloop.backends.cpu.embedding import embed, prepare_embedding
 from tinyloop.backends.cpu.linear import PackedLinear, linear, prepare_linear
 from tinyloop.backends.cpu.norms import layer_norm, rms_norm
@@ -38,6 +38,11 @@ def warm_up_kernels() -> None:
 
 
 class CpuBackend(NumpyBackend):
+    bulk_is_exact = True          # one kernel for every path: linear, attention and every row op (kernels/)
+    # Generations stepped together by default (TINYLOOP_MAX_RUNNING): one read of the packed
+    # weights serves every running row, so throughput grows with the batch until the linear
+    # kernels are compute-bound (README, "Many users at once", has the measured sweep).
+    default_max_running = 8
     def __init__(self, description: str = "cpu", activations: str = "fp32"):
         super().__init__(description, activations)
         warm_up_kernels()           # compiled (first run) or loaded from numba's cache now, not in a request
@@ -78,8 +83,8 @@ class CpuBackend(NumpyBackend):
         return self._linear_input(gelu_tanh(x))
 
     # -- the KV cache --------------------------------------------------------------------------
-    def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> KVStorage:
-        return KVStorage(mode, n_slots, n_kv, rows, head_dim, alloc)
+    def kv_pool(self, mode, n_kv, rows, head_dim) -> PoolStorage:
+        return PoolStorage(mode, n_kv, rows, head_dim)
 
     def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
         return bytes_per_row(mode, n_kv, head_dim)

@@ -3,7 +3,7 @@ in place by the attention kernel (kernels/attention.py).
 
 The int modes and fp32 keep the NumPy backend's arrays (backends/reference/kvstore.py: the same
 layout and bytes per row; fp32's values keep their column of ones after hd, unread by the
-kernels). The fp16 mode stores what it says: IEEE half bits, (n_slots, n_kv, rows, hd)
+kernels). The fp16 mode stores what it says: IEEE half bits, (n_kv, rows, hd)
 uint16 per side (HalfStore), widened exactly by the attention kernel as it reads a block,
 so a token costs 2 bytes a value, not the NumPy backend's 4 (its float32 arrays of half
 values): at 4k context that halves what a decode step reads from the cache. The values it
@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.reference.kvstore import FloatStore, IntStore  # noqa: F401
-from tinyloop.backends.reference.kvstore import KVStorage as NumpyKVStorage
+from tinyloop.backends.reference.kvstore import KVStorage  # noqa: F401  (the view is the NumPy backend's)
+from tinyloop.backends.reference.kvstore import PoolStorage as NumpyPoolStorage
 from tinyloop.backends.reference.kvstore import store_for as numpy_store_for
 from tinyloop.limits import ATTENTION_BLOCK
-from tinyloop.backends.cpu.kernels.kv import checked_rows, side_rows
+from tinyloop.backends.cpu.kernels.kv import checked_rows
 from tinyloop.backends.cpu.kernels.kv import write as write_rows
 from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
 
@@ -26,7 +27,7 @@ HALF_BITS = 16                   # the kernels' "bits" of the fp16 mode's half s
 
 
 class HalfStore:
-    """One side of the fp16 mode: half bits (n_slots, n_kv, rows, hd) uint16."""
+    """One side of the fp16 mode: half bits (n_kv, rows, hd) uint16."""
 
     def __init__(self, ones: bool = False):
         self.ones = ones                        # the values side: reads append a column of ones
@@ -34,24 +35,25 @@ class HalfStore:
     def bytes_per_row(self, n_kv: int, head_dim: int) -> int:
         return n_kv * head_dim * 2
 
-    def allocate(self, alloc, n_slots, n_kv, rows, head_dim) -> dict:
-        return {"data": alloc((n_slots, n_kv, rows, head_dim), np.uint16)}
+    def allocate(self, n_kv, rows, head_dim) -> dict:
+        return {"data": np.zeros((n_kv, rows, head_dim), np.uint16)}
 
-    def store(self, arrays: dict, slot: int, rows, x: np.ndarray) -> None:
-        """x: (T, n_kv, hd) float32 rounded to half (NumPy's round-to-nearest-even) at physical rows."""
-        arrays["data"][slot][:, rows] = x.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
+    def init_blocks(self, arrays: dict, blocks) -> None:
+        """Nothing: the kernels never read a row a query may not see (kernels/attention.py)."""
 
-    def rows(self, arrays: dict, slot: int, rows: np.ndarray) -> np.ndarray:
-        """Physical rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
-        values = arrays["data"][slot][:, rows].view(np.float16).astype(np.float32)
+    def store(self, arrays: dict, rows: np.ndarray, x: np.ndarray) -> None:
+        """x: (T, n_kv, hd) float32 rounded to half (NumPy's round-to-nearest-even) at pool rows (T,)."""
+        arrays["data"][:, rows] = x.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
+
+    def rows(self, arrays: dict, rows: np.ndarray) -> np.ndarray:
+        """Pool rows (an int array of any shape) -> (n_kv, *rows.shape, hd [+ 1]) float32."""
+        values = arrays["data"][:, rows].view(np.float16).astype(np.float32)
         if self.ones:
             values = np.concatenate([values, np.ones(values.shape[:-1] + (1,), np.float32)], axis=-1)
         return values
 
-    def blocks(self, arrays: dict, slot: int, blocks) -> np.ndarray:
-        rows = arrays["data"].shape[2]
-        index = np.arange(rows).reshape(-1, ATTENTION_BLOCK)[blocks]                     # (n_blocks, 64)
-        return self.rows(arrays, slot, index)
+    def blocks(self, arrays: dict, blocks) -> np.ndarray:
+        return self.rows(arrays, np.asarray(blocks)[:, None] * ATTENTION_BLOCK + np.arange(ATTENTION_BLOCK))
 
 
 def store_for(mode: str, ones: bool = False):
@@ -69,31 +71,36 @@ def kernel_bits(mode: str) -> int:
     return HALF_BITS if mode == "fp16" else CODE_BITS.get(mode, 0)
 
 
-class KVStorage(NumpyKVStorage):
-    """One request's keys and values: the NumPy backend's storage, fp16 as half bits."""
+class PoolStorage(NumpyPoolStorage):
+    """The KV pool's arrays: the NumPy backend's, fp16 as half bits."""
 
-    def __init__(self, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None):
-        alloc = alloc or (lambda shape, dtype: np.zeros(shape, dtype))
-        self.mode, self.n_slots, self.n_kv, self.rows, self.head_dim = mode, n_slots, n_kv, rows, head_dim
+    def __init__(self, mode: str, n_kv: int, rows: int, head_dim: int):
+        self.mode, self.n_kv, self.rows, self.head_dim = mode, n_kv, rows, head_dim
         self.key_store, self.value_store = store_for(mode), store_for(mode, ones=True)
-        self.keys = self.key_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
-        self.values = self.value_store.allocate(alloc, n_slots, n_kv, rows, head_dim)
+        self.keys = self.key_store.allocate(n_kv, rows, head_dim)
+        self.values = self.value_store.allocate(n_kv, rows, head_dim)
         self.rotation = hadamard(head_dim) if mode == "int4-h" else None      # (hd, hd)
+
+    def init_blocks(self, blocks) -> None:
+        """Nothing: the attention kernel never reads a key a query may not see, so what a
+        block held before cannot reach a new holder's results."""
 
 
 def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray, prepared: dict | None = None
              ) -> None:
     """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
-    by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first).
-    Its oracle is the NumPy stores (store_for(mode).store of the rotated rows). prepared (a
-    plan's dict): the checked rows are kept there for the forward's other layers."""
+    by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first),
+    through the cache's block table. Its oracle is the NumPy stores (store_for(mode).store of
+    the rotated rows). prepared (a plan's dict): the checked physical rows are kept there for
+    the forward's other layers."""
     bits = kernel_bits(storage.mode)
     group_len = group_size(storage.head_dim)
     key = ("numba kv rows", id(storage), keys.shape[0])
     checked = prepared.get(key) if prepared is not None else None
     if checked is None:
-        checked = (storage, checked_rows(rows, keys.shape[0], side_rows(bits, storage.keys)))
+        checked = (storage, checked_rows(rows, keys.shape[0], storage.rows))
         if prepared is not None:
             prepared[key] = checked                     # storage held: its id stays its own
+    table_row = storage.table[slot]
     for side, x in ((storage.keys, keys), (storage.values, values)):
-        write_rows(bits, group_len, storage.rotation is not None, side, slot, checked[1], x, checked=True)
+        write_rows(bits, group_len, storage.rotation is not None, side, table_row, checked[1], x, checked=True)

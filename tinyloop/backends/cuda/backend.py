@@ -30,7 +30,7 @@ from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
-from tinyloop.backends.cuda.launch.kv import DeviceKV
+from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.backends.cuda.launch.sampling import TOPK_MAX
 from tinyloop.kv.modes import packed_bytes_per_row
@@ -55,6 +55,10 @@ class DevicePlan:
 
 class CudaBackend(Backend):
     name = "cuda"
+    # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
+    # compute idle (it is bound by reading the weights), so rows of other requests ride along
+    # nearly free. Not yet measured on a GPU (README, "On a GPU").
+    default_max_running = 32
 
     def __init__(self, device, graphs: bool | None = None, activations: str = "fp32"):
         self.device = device
@@ -85,9 +89,6 @@ class CudaBackend(Backend):
 
     def to_host(self, array) -> np.ndarray:
         return self.device.to_host(array)
-
-    def allocate(self, nbytes: int):
-        return self.xp.zeros(nbytes, np.uint8)
 
     # -- weights -------------------------------------------------------------------------------
     def prepare_linear(self, parts, bias=None):
@@ -217,18 +218,31 @@ class CudaBackend(Backend):
         return elementwise.gelu(self._module("elementwise"), x, self._empty(x.shape, self.linear_input_dtype))
 
     # -- the KV cache --------------------------------------------------------------------------
-    def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> DeviceKV:
-        return DeviceKV.allocate(mode, n_slots, n_kv, rows, head_dim, alloc, self.xp)
+    def kv_pool(self, mode, n_kv, rows, head_dim) -> DeviceKV:
+        return DeviceKV.allocate(mode, n_kv, rows, head_dim, self.xp)
+
+    def kv_init_blocks(self, pool_storage, blocks) -> None:
+        """Nothing: the attention kernel never reads a key a query may not see (att_tile skips
+        masked rows), so what a block held before cannot reach a new holder's results."""
+
+    def kv_view(self, pool_storage: DeviceKV, table) -> DeviceView:
+        return DeviceView(pool_storage, table, self.xp.zeros(table.shape, np.int32), self.device.upload_ints)
+
+    def kv_table_changed(self, storage: DeviceView) -> None:
+        storage.sync()
+
+    def kv_pool_bytes(self) -> int | None:
+        return getattr(self.device, "kv_pool_bytes", lambda: None)()
 
     @staticmethod
     def kv_bytes_per_row(mode, n_kv, head_dim) -> int:
         """The packed layout; needs no device, so `tinyloop info --device cuda` sizes without a GPU."""
         return packed_bytes_per_row(mode, n_kv, head_dim)
 
-    def kv_write(self, storage: DeviceKV, slot, plan, keys, values):
+    def kv_write(self, storage: DeviceView, slot, plan, keys, values):
         kv.kv_write(self._module("kv"), storage, slot, self.device_plan(plan).write_rows, keys, values)
 
-    def attention(self, q, storage: DeviceKV, slot, plan, scale):
+    def attention(self, q, storage: DeviceView, slot, plan, scale):
         d = self.device_plan(plan)
         out = self._empty(q.shape)
         scratch = None                       # a prefill's partials: the launcher sizes them
@@ -250,21 +264,27 @@ class CudaBackend(Backend):
             self._attention_scratch = self.xp.empty(n_floats, np.float32)
         return self._attention_scratch[:n_floats]
 
-    def kv_copy_rows(self, storage: DeviceKV, source, target):
+    def kv_copy_rows(self, storage: DeviceView, source, target):
         source, target = np.asarray(source), np.asarray(target)
         if not source.size:
             return
-        scratch = self.xp.empty(storage.scratch_bytes(source.shape[0]), np.uint8)
-        kv.copy_rows(self._module("kv"), storage.arrays(), self._ints(source), self._ints(target), scratch)
+        source, target = storage.pool_rows(source), storage.pool_rows(target)     # every slot's
+        scratch = self.xp.empty(storage.pool.scratch_bytes(source.shape[0]), np.uint8)
+        kv.copy_rows(self._module("kv"), storage.pool.arrays(), self._ints(source), self._ints(target), scratch)
 
-    def kv_stored(self, storage: DeviceKV, rows) -> dict:
-        """The stored arrays of physical rows on the host; fp16 widened to float32 as the CPU
-        backend keeps it (without the CPU's column of ones), so tests compare caches directly."""
-        index = rows if isinstance(rows, (slice, int, np.integer)) else self._ints(rows)
+    def kv_stored(self, storage: DeviceView, rows) -> dict:
+        """The stored arrays of physical rows on the host, (n_slots, n_kv, n, ...); fp16 widened
+        to float32 as the NumPy backend keeps it (without its column of ones), so tests compare
+        caches directly."""
+        if isinstance(rows, slice):
+            rows = np.arange(rows.start, rows.stop)
+        rows = np.asarray(rows).reshape(-1)
+        index = self._ints(storage.pool_rows(rows))
         out = {}
         for side, arrays in (("keys", storage.keys), ("values", storage.values)):
             for name, array in arrays.items():
-                host = self.to_host(array[:, :, index])
+                host = self.to_host(array[:, index])                                    # (n_kv, slots * n, ..)
+                host = host.reshape(host.shape[0], storage.n_slots, rows.size, *host.shape[2:]).swapaxes(0, 1)
                 out[f"{side}.{name}"] = host.astype(np.float32) if name == "data" else host
         return out
 

@@ -30,6 +30,9 @@ def cuda_unavailable() -> str | None:
     return None if count > 0 else "CuPy finds no GPU"
 
 
+KV_POOL_SHARE = 0.5              # of the free device memory, for the default KV pool
+
+
 class CupyDevice:
     """The GPU: CuPy arrays, RawModules compiled with NVRTC from cuda/*.cu."""
     name = "cuda"
@@ -49,6 +52,12 @@ class CupyDevice:
     def tensor_cores(self) -> bool:
         """mma.sync m16n8k16 with f16 inputs (cuda/linear_tc.cu) needs sm_80 or later."""
         return int(self.xp.cuda.Device().compute_capability) >= 80
+
+    def kv_pool_bytes(self) -> int:
+        """The default KV pool: half the device memory free once the weights are loaded (the
+        rest stays for activations, scratch and CUDA graphs' arenas)."""
+        free, _total = self.xp.cuda.runtime.memGetInfo()
+        return int(free * KV_POOL_SHARE)
 
     def asarray(self, host, dtype=None):
         return self.xp.asarray(host, dtype=dtype)

@@ -6,7 +6,8 @@ doc-407m at 8 loops): from Python each launch costs microseconds of host time, m
 than the kernel itself takes on an H200. A CUDA graph records the whole step once and
 replays it with one launch. What a replay may change lives in device buffers that the
 step reads (StepInputs: the token, its position, its physical cache row; for a verify
-pass also its draft states, its tree's path rows and where they start); everything
+pass also its draft states, its tree's path rows and where they start; and the cache's
+block table, kv/cache.py, which the host updates as the cache grows); everything
 else the step allocates comes from one arena kept with the graph (so the addresses the
 graph recorded stay valid), and the kernels find blocks, masks and RoPE rows from the
 positions on the device. Nothing in the step may copy from the host, synchronise or
@@ -99,6 +100,7 @@ class DecodeGraph:
                 lambda: self.model.forward([token], [position], self.cache, self.loops))
             return logits
         row = int(self.cache.geometry.physical(position))
+        self.cache.ensure_rows(position, 1)      # a new pool block lands in the device table, which the graph reads
         device.upload_ints(self.inputs.values, [token, position, row])
         with self.backend.static_inputs(self.inputs):
             if self.replay is None:
@@ -139,6 +141,7 @@ class VerifyGraph:
         if self.steps == 1:
             logits, self.arena_bytes = device.measure(lambda: self._run(trunk, positions, write_row, tree_rows))
             return logits
+        self.cache.ensure_rows(write_row, self.n_rows)
         device.upload_ints(self.inputs.values, self._step_values(positions, write_row, tree_rows))
         device.copy_into(self.inputs.hidden, trunk.hidden)
         device.copy_into(self.inputs.injected, trunk.injected)

@@ -14,7 +14,7 @@ import numpy as np
 from tinyloop.backends.base import Backend, check_activations
 from tinyloop.backends.reference.activations import gelu_tanh, swiglu
 from tinyloop.backends.reference.attention import attention_bulk, attention_exact
-from tinyloop.backends.reference.kvstore import KVStorage, bytes_per_row
+from tinyloop.backends.reference.kvstore import KVStorage, PoolStorage, bytes_per_row
 from tinyloop.backends.reference.linear import linear
 from tinyloop.backends.reference.norms import layer_norm, rms_norm
 from tinyloop.backends.reference.positions import apply_rope, rope_table
@@ -38,6 +38,9 @@ def as_float32(value) -> np.ndarray:
 class NumpyBackend(Backend):
     name = "cpu"
     xp = np
+    # one generation at a time by default: the exact path is one BLAS gemv per row, so
+    # rows that share a step share no reading of the weights (nothing to gain from batching)
+    default_max_running = 1
 
     def __init__(self, description: str = "cpu", activations: str = "fp32"):
         self.description = description
@@ -49,9 +52,6 @@ class NumpyBackend(Backend):
 
     def to_host(self, array) -> np.ndarray:
         return array
-
-    def allocate(self, nbytes: int):
-        return np.zeros(nbytes, np.uint8)         # calloc: pages are committed as they are touched
 
     # -- weights -------------------------------------------------------------------------------
     def prepare_linear(self, parts, bias=None) -> DenseLinear:
@@ -101,8 +101,14 @@ class NumpyBackend(Backend):
         return self._linear_input(gelu_tanh(x))
 
     # -- the KV cache --------------------------------------------------------------------------
-    def kv_storage(self, mode, n_slots, n_kv, rows, head_dim, alloc=None) -> KVStorage:
-        return KVStorage(mode, n_slots, n_kv, rows, head_dim, alloc)
+    def kv_pool(self, mode, n_kv, rows, head_dim) -> PoolStorage:
+        return PoolStorage(mode, n_kv, rows, head_dim)
+
+    def kv_init_blocks(self, pool_storage: PoolStorage, blocks) -> None:
+        pool_storage.init_blocks(blocks)
+
+    def kv_view(self, pool_storage: PoolStorage, table) -> KVStorage:
+        return KVStorage(pool_storage, table)
 
     def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
         return bytes_per_row(mode, n_kv, head_dim)
@@ -110,8 +116,9 @@ class NumpyBackend(Backend):
     def kv_write(self, storage: KVStorage, slot, plan, keys, values):
         if storage.rotation is not None:
             keys, values = _rotate(keys, storage.rotation), _rotate(values, storage.rotation)
-        storage.key_store.store(storage.keys, slot, plan.write_rows, keys)
-        storage.value_store.store(storage.values, slot, plan.write_rows, values)
+        rows = storage.pool_rows(slot, plan.write_rows)
+        storage.key_store.store(storage.keys, rows, keys)
+        storage.value_store.store(storage.values, rows, values)
 
     def attention(self, q, storage: KVStorage, slot, plan, scale):
         sides = ((storage.key_store, storage.keys), (storage.value_store, storage.values))
@@ -121,25 +128,30 @@ class NumpyBackend(Backend):
             a = plan.attention
             tails = [None, None]
             if a.n_tail:
-                tails = [store.rows(arrays, slot, a.tail_rows).reshape(
+                rows = storage.pool_rows(slot, a.tail_rows)
+                tails = [store.rows(arrays, rows).reshape(
                     storage.n_kv, plan.n_tokens, a.n_tail, ATTENTION_BLOCK, -1) for store, arrays in sides]
-            shared = [store.blocks(arrays, slot, a.shared_blocks) for store, arrays in sides]
+            blocks = storage.pool_blocks(slot, a.shared_blocks)
+            shared = [store.blocks(arrays, blocks) for store, arrays in sides]
             out = attention_exact(q, *shared, *tails, a.mask, scale)
         else:
-            out = attention_bulk(q, plan.bulk, lambda rows: [_rows(store, arrays, slot, rows)
+            out = attention_bulk(q, plan.bulk, lambda rows: [store.rows(arrays, storage.pool_rows(slot, rows))
                                                              for store, arrays in sides], scale)
         return out if storage.rotation is None else _rotate(out, storage.rotation.T)
 
     def kv_copy_rows(self, storage: KVStorage, source, target):
-        for array in storage.arrays():
-            array[:, :, target] = array[:, :, source]
+        slots = np.arange(storage.n_slots)[:, None]
+        source, target = storage.pool_rows(slots, source), storage.pool_rows(slots, target)   # (n_slots, n)
+        for array in storage.pool.arrays():
+            array[:, target] = array[:, source]
 
     def kv_stored(self, storage: KVStorage, rows) -> dict:
+        rows = storage.pool_rows(np.arange(storage.n_slots)[:, None], rows)                  # (n_slots, n)
         out = {}
         for side, arrays in (("keys", storage.keys), ("values", storage.values)):
             for name, array in arrays.items():
                 if name != "blocks":
-                    out[f"{side}.{name}"] = array[:, :, rows]
+                    out[f"{side}.{name}"] = array[:, rows].transpose(1, 0, 2, 3)           # (n_slots, n_kv, n, ..)
         return out
 
     # -- sampling support ----------------------------------------------------------------------
@@ -151,16 +163,6 @@ class NumpyBackend(Backend):
         ids = np.stack([top_k_ids(row, k)[:k] for row in rows])
         values = np.stack([row[i] for row, i in zip(rows, ids)])
         return ids, values, np.array([log_normalizer(row) for row in rows])
-
-
-def _rows(store, arrays, slot, rows):
-    """Physical rows (a slice or an int array) -> (n_kv, n, hd) float32."""
-    if isinstance(rows, slice):
-        if rows.start % ATTENTION_BLOCK == 0 and rows.stop % ATTENTION_BLOCK == 0:
-            blocks = store.blocks(arrays, slot, slice(rows.start // ATTENTION_BLOCK, rows.stop // ATTENTION_BLOCK))
-            return blocks.reshape(blocks.shape[0], -1, blocks.shape[-1])
-        rows = np.arange(rows.start, rows.stop)
-    return store.rows(arrays, slot, rows)
 
 
 def _rotate(x, matrix):

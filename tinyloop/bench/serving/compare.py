@@ -96,7 +96,7 @@ def http_comparison(quick: bool, rounds: int, progress: bool = True) -> dict:
         model = str(Path(folder) / "tiny.tinyloop")
         make_test_model(model, "tiny-looped", seed=0, eos_token_ids=())
         loaded = load_model(model)
-        pool = KVPool(loaded.backend, default_pool_bytes(loaded.model))
+        pool = KVPool.for_model(loaded.model, default_pool_bytes(loaded.model))
         prompt_ids = loaded.encode_prompt("Hi")
         servers = [tinyloop_server(model, key, settings["max_waiting"], folder),
                    fastapi_server(model, key, settings["max_waiting"])]

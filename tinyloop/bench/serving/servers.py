@@ -21,9 +21,11 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, name: str, command: list, env: dict):
+    def __init__(self, name: str, command: list, env: dict, unset: tuple = ()):
         self.name, self.port = name, int(command[command.index("--port") + 1])
         full_env = {**os.environ, **env}
+        for variable in unset:
+            full_env.pop(variable, None)
         full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
                                                                 if os.environ.get("PYTHONPATH") else []))
         self.process = subprocess.Popen(command, env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -61,6 +63,23 @@ def tinyloop_server(model: str, key: str, max_waiting: int, state_dir: str) -> S
     return Server("tinyloop serve", [sys.executable, "-m", "tinyloop", "serve", "--model", model, "--port", str(port),
                                      "--max-waiting", str(max_waiting), "--log-level", "warning"],
                   {"TINYLOOP_API_KEY": key, "TINYLOOP_STATE_DIR": state_dir})
+
+
+def tinyloop_serving(model: str, key: str, state_dir: str, name: str, max_running: int | None = None,
+                     prefix_cache: bool = True, max_waiting: int = 64, device: str | None = None) -> Server:
+    """`tinyloop serve` for the serving scenarios: TINYLOOP_MAX_RUNNING (None: the server's
+    default) and TINYLOOP_PREFIX_CACHE set explicitly, so the caller's shell cannot change
+    what is measured."""
+    port = free_port()
+    env = {"TINYLOOP_API_KEY": key, "TINYLOOP_STATE_DIR": state_dir,
+           "TINYLOOP_PREFIX_CACHE": "1" if prefix_cache else "0"}
+    if max_running is not None:
+        env["TINYLOOP_MAX_RUNNING"] = str(max_running)
+    command = [sys.executable, "-m", "tinyloop", "serve", "--model", model, "--port", str(port),
+               "--max-waiting", str(max_waiting), "--log-level", "warning"]
+    if device:
+        command += ["--device", device]
+    return Server(name, command, env, unset=() if max_running is not None else ("TINYLOOP_MAX_RUNNING",))
 
 
 def fastapi_server(model: str, key: str, max_waiting: int) -> Server:

@@ -6,7 +6,8 @@ Each round:
    tree level at a time; a chain adds the draft's best (or sampled) token, a tree
    keeps the K best continuations by cumulative draft log-probability (greedy) or K
    independently sampled chains (sampling);
-2. verify: one forward at verify_loops over every node. The prelude and the first
+2. verify: the last level through the draft's iterations (it was never drafted from),
+   then one forward at verify_loops over every node. The prelude and the first
    draft_loops iterations of the nodes the draft already ran are reused, not
    recomputed: their hidden states and cache rows are bitwise what the verifier would
    compute (the forward is row-invariant), so the verify logits equal plain decode's;
@@ -15,28 +16,35 @@ Each round:
 
 Cache slots: prelude, core iterations 0..verify_loops-1 and the verify coda, laid out
 as for plain decoding at verify_loops, plus the draft's own coda slots after them.
+
+Each forward is a Pass yielded to the engine (model/batch.py), so a round's draft levels
+and verify run in the engine's steps beside other requests' forwards.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
-from tinyloop.engine.decode import prefill
+from tinyloop.engine.decode import CachedPrompt, prefill_passes
 from tinyloop.engine.sampling import next_tokens_with_logprobs
 from tinyloop.engine.speculative.acceptance import accept_greedy, accept_sampled
 from tinyloop.engine.speculative.params import SpeculativeStats
 from tinyloop.engine.speculative.tree import DraftTree
-from tinyloop.limits import MAX_TREE_NODES
+from tinyloop.kv.prefix import slot_keys
+from tinyloop.limits import DEFAULT_PREFILL_CHUNK, MAX_TREE_NODES
+from tinyloop.model.batch import Pass
 from tinyloop.model.transformer import Trunk
 
 
 class SpeculativeDecoder:
-    def __init__(self, model, request, loops: int, sampler, sink, alloc=None):
+    def __init__(self, model, request, loops: int, sampler, sink, pool=None, chunk: int = DEFAULT_PREFILL_CHUNK):
         c = model.config
         self.model = model
         self.params = request.speculative
         self.prompt = list(request.prompt_ids)
         self.sampler, self.sink = sampler, sink
+        self.chunk = chunk
+        self.prefilled = None                   # called once the prompt is in the cache
         # The draft draws its proposals from its own stream, so the verifier's stream
         # (acceptance tests and corrections) is not disturbed by how much was drafted.
         self.draft_rng = np.random.Generator(np.random.PCG64(self.sampler.rng.integers(2**63)))
@@ -45,8 +53,14 @@ class SpeculativeDecoder:
         self.draft_coda = c.n_layer_instances(self.params.verify_loops)        # the extra slots
         capacity, extra = self.capacity(model, request)
         self.cache = model.new_cache(capacity, self.params.verify_loops, extra_slots=extra,
-                                     window=request.cache_window, alloc=alloc)
+                                     window=request.cache_window, pool=pool)
+        self.cached = CachedPrompt(pool, self.cache, self.prompt,
+                                   slot_keys(c, self.params.verify_loops, self.params.draft_loops))
         self.next_token: int | None = None     # accepted, not yet run through the model
+
+    def publish(self) -> None:
+        """Every committed full block to the prefix cache (at the end)."""
+        self.cached.publish(self.sink.tokens)
 
     @staticmethod
     def capacity(model, request) -> tuple[int, int]:
@@ -54,51 +68,60 @@ class SpeculativeDecoder:
         has slots of its own."""
         return len(request.prompt_ids) + request.max_tokens + MAX_TREE_NODES, model.config.n_coda
 
-    # -- prefill ---------------------------------------------------------------------------
-    def prefill(self) -> None:
-        """The prompt at verify_loops exactly as plain generation runs it, plus the draft
-        coda's cache rows for the prompt (from the same pass's state at draft_loops)."""
+    def passes(self):
+        """Generator of the forwards this request needs, to its end: the prompt at verify_loops
+        exactly as plain generation runs it, plus the draft coda's cache rows for the prompt
+        (from the same pass's state at draft_loops); then rounds."""
         p = self.params
-        logits = prefill(self.model, self.prompt, self.cache, p.verify_loops, p.draft_loops, self.draft_coda)
+        logits = yield from prefill_passes(self.model, self.prompt, self.cache, p.verify_loops, self.chunk,
+                                           p.draft_loops, self.draft_coda, start=self.cached.rows)
+        self.cached.publish()
+        if self.prefilled is not None:
+            self.prefilled()
         token, logprobs = next_tokens_with_logprobs(self.sampler, self.model.backend, logits)[0]
-        if self.sink.push(token, logprobs):
-            self.next_token = token
+        if not self.sink.push(token, logprobs):
+            return
+        self.next_token = token
+        while (yield from self._round()):
+            pass
 
     # -- one round -------------------------------------------------------------------------
-    def step(self) -> None:
+    def _round(self):
+        """Generator: one draft-and-verify round (a pass per draft level, then the verify's
+        two); returns False once the generation has ended."""
         p = self.params
         tree = DraftTree(self.next_token, self.cache.length)
         draft_depth = min(p.draft_ahead, self.sink.remaining - 1)
         fed: list[Trunk] = []                         # draft states, node order
         for _ in range(draft_depth):
-            fed.append(self._draft_level(tree))
-        logits = self._verify(tree, fed)              # (n_nodes, V) on the backend
+            fed.append((yield from self._draft_level(tree)))
+        logits = yield from self._verify(tree, fed)   # (n_nodes, V) on the backend
         accepted, next_token, logprobs = self._accept(tree, logits)
         self.stats.record(tree.depth, len(tree.nodes) - 1, len(accepted))
         self._commit(tree, accepted)
         for index, node in enumerate(accepted):
             if not self.sink.push(tree.nodes[node].token, logprobs[index]):
-                return
-        if self.sink.push(next_token, logprobs[-1]):
-            self.next_token = next_token
+                return False
+        if not self.sink.push(next_token, logprobs[-1]):
+            return False
+        self.next_token = next_token
+        return True
 
-    def _plan(self, tree: DraftTree, nodes: list[int]):
+    def _pass(self, tree: DraftTree, nodes: list[int], iterations: int, **what) -> Pass:
         positions, write_row, tree_rows = tree.placement(nodes)
-        return self.model.plan(positions, write_row, self.cache, tree=tree_rows)
+        return Pass(self.cache, positions, write_row, iterations, tree=tree_rows, **what)
 
-    def _draft_level(self, tree: DraftTree) -> Trunk:
-        """Run the deepest level through the draft; add the next level; return its state."""
-        model = self.model
+    def _draft_level(self, tree: DraftTree):
+        """Generator: run the deepest level through the draft; add the next level; return its state."""
         frontier = tree.levels[-1]
-        plan = self._plan(tree, frontier)
-        trunk = model.trunk(tree.tokens(frontier), plan, self.cache, self.params.draft_loops)
-        hidden = model.coda(trunk.hidden, plan, self.cache, self.draft_coda)
-        logits = model.head(hidden)                                       # (len(frontier), V)
+        level = self._pass(tree, frontier, self.params.draft_loops, tokens=tree.tokens(frontier),
+                           coda=self.draft_coda, head="all")
+        yield level
         if self.sampler.params.greedy:
-            tree.add_level(self._best_children(tree, frontier, logits))
+            tree.add_level(self._best_children(tree, frontier, level.logits))
         else:
-            tree.add_level(self._sampled_children(tree, frontier, model.backend.to_host(logits)))
-        return trunk
+            tree.add_level(self._sampled_children(tree, frontier, self.model.backend.to_host(level.logits)))
+        return level.trunk_out
 
     def _best_children(self, tree, frontier, logits):
         """Greedy tree: the K best (parent, token) by cumulative draft log-probability.
@@ -136,18 +159,19 @@ class SpeculativeDecoder:
         return children
 
     def _verify(self, tree: DraftTree, fed: list[Trunk]):
-        """Verify logits of every node: (n_nodes, V) on the backend."""
-        model, d, v = self.model, self.params.draft_loops, self.params.verify_loops
-        unfed = tree.levels[-1]                       # never run by the draft
-        plan = self._plan(tree, unfed)
-        trunk = model.trunk(tree.tokens(unfed), plan, self.cache, d)
-        model.coda(trunk.hidden, plan, self.cache, self.draft_coda)   # draft rows, for the next round
-        xp = model.backend.xp
-        hidden = xp.concatenate([t.hidden for t in fed] + [trunk.hidden])
-        injected = xp.concatenate([t.injected for t in fed] + [trunk.injected])
-        positions, write_row, tree_rows = tree.placement(list(range(len(tree.nodes))))
-        return model.verify(Trunk(hidden, injected, d), positions, write_row, tree_rows, self.cache, v,
-                            self.verify_coda)
+        """Generator: verify logits of every node, (n_nodes, V) on the backend. The last level,
+        which the draft never ran, goes through the draft's iterations first (and its coda rows,
+        for the next round); then every node resumes from the draft's state to verify_loops."""
+        d, v = self.params.draft_loops, self.params.verify_loops
+        unfed = tree.levels[-1]
+        rest = self._pass(tree, unfed, d, tokens=tree.tokens(unfed), side=(d, self.draft_coda))
+        yield rest
+        xp = self.model.backend.xp
+        states = fed + [rest.trunk_out]
+        trunk = Trunk(xp.concatenate([t.hidden for t in states]), xp.concatenate([t.injected for t in states]), d)
+        verify = self._pass(tree, list(range(len(tree.nodes))), v, trunk=trunk, coda=self.verify_coda, head="all")
+        yield verify
+        return verify.logits
 
     def _accept(self, tree: DraftTree, logits) -> tuple[list[int], int, list]:
         """Walk from the root: accepted node indexes, the verifier's next token, and the

@@ -353,7 +353,7 @@ def dot16_at(a, a_offset, b, b_offset, n, lane):
 def _dequantize_block(bits, group_len, codes, scales, mins, row_base, rows, out, head_dim):
     """Rows of one kv head's int store -> out (64 * hd,) float32: code * scale + min (float32
     multiply, then add: as IntStore.dequantize). codes (n_rows_total * bytes,), scales/mins
-    (n_rows_total * groups,) uint16 (f16 bits), flat; row_base: the (slot, kv head)'s first
+    (n_rows_total * groups,) uint16 (f16 bits), flat; row_base: the kv head's first
     row. Eight elements at a time where the group allows (simd.py: the same operations)."""
     n_bytes = head_dim * bits // 8
     groups = head_dim // group_len
@@ -464,16 +464,17 @@ def _block_update(qs, q0, group, keys, k_off, values, v_off, vis, s, p, lane, ba
 
 
 @njit(cache=True)
-def _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, slot, n_kv, n_rows, qs,
+def _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, qs,
                 positions, lowest, ring_blocks, shared_end, tail_rows, cm, cl, cacc):
     """Chunk c of kv head h for queries t0..t1-1 (those whose range holds it) -> their chunk
     states cm, cl (tile, G) and cacc (tile, G, hd), indexed t - t0.
 
     Stored arrays flat: fp32 (bits 0) kf (.., hd) and vf (.., hd + 1) float32; fp16 (bits 16)
     half bits in ks and vs (.., hd) uint16; int modes codes kc, vc (.., hd * bits / 8) uint8
-    and f16 bits ks, km, vs, vm (.., groups) uint16, each over (n_slots, n_kv, n_rows) rows."""
+    and f16 bits ks, km, vs, vm (.., groups) uint16, each over the pool's (n_kv, n_rows) rows.
+    The slot's physical row r is pool row table_row[r // 64] * 64 + r % 64 (its block table row)."""
     group, head_dim = cm.shape[1], cacc.shape[2]
-    row_base = (slot * n_kv + h) * n_rows
+    row_base = h * n_rows
     k_stride, v_stride = head_dim, head_dim + 1                  # float modes: values carry a ones column
     kb = np.empty(BLOCK * head_dim, np.float32)
     vb = np.empty(BLOCK * head_dim, np.float32)
@@ -511,13 +512,14 @@ def _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, s
             want = -1 if b < shared_end else t
             if want != loaded or b != loaded_block:
                 if want == -1:
-                    base = (b % ring_blocks if ring_blocks > 0 else b) * BLOCK
+                    base = np.int64(table_row[b % ring_blocks if ring_blocks > 0 else b]) * BLOCK
                     for j in range(BLOCK):
                         rows[j] = base + j
                 else:
                     offset = (b - shared_end) * BLOCK
                     for j in range(BLOCK):
-                        rows[j] = tail_rows[t, offset + j]
+                        r = tail_rows[t, offset + j]
+                        rows[j] = np.int64(table_row[r // BLOCK]) * BLOCK + r % BLOCK
                 if bits == 0:
                     for j in range(BLOCK):
                         k_off[j] = (row_base + rows[j]) * k_stride
@@ -574,7 +576,7 @@ def _finish(out, t, h, mm, ml, macc, rotate, norm):
             fwht_row(row, head_dim, norm)
 
 
-def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, slot, n_kv, n_rows, positions,
+def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, positions,
                     lowest, ring_blocks, shared_end, tail_rows, scale, rotate, norm, out):
     """One task per (tile of queries, kv head): each query's chunks computed and merged in order."""
     n_queries, n_heads, head_dim = q.shape
@@ -598,7 +600,7 @@ def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, sl
             c_lo = min(c_lo, lowest[t] // BLOCK // CHUNK_BLOCKS)
             c_hi = max(c_hi, positions[t] // BLOCK // CHUNK_BLOCKS)
         for c in range(c_lo, c_hi + 1):
-            _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, slot, n_kv, n_rows, qs,
+            _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, qs,
                         positions, lowest, ring_blocks, shared_end, tail_rows, cm, cl, cacc)
             for t in range(t0, t1):
                 if lowest[t] // BLOCK // CHUNK_BLOCKS <= c and c <= positions[t] // BLOCK // CHUNK_BLOCKS:
@@ -609,7 +611,7 @@ def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, sl
             _finish(out, t, h, mm[t - t0], ml[t - t0], macc[t - t0], rotate, norm)
 
 
-def _attend_chunks_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, slot, n_kv, n_rows, positions,
+def _attend_chunks_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, positions,
                       lowest, ring_blocks, shared_end, tail_rows, scale, rotate, norm, task_tile, task_chunk,
                       part_m, part_l, part_acc):
     """One task per (tile, chunk, kv head): the tile's chunk states into the part_* scratch."""
@@ -622,7 +624,7 @@ def _attend_chunks_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, 
         t1 = min(t0 + tile, n_queries)
         qs = np.empty(tile * group * head_dim, np.float32)
         _query_heads(q, t0, t1, h, group, scale, rotate, norm, qs)
-        _chunk_tile(t0, t1, h, task_chunk[k], bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, slot, n_kv, n_rows,
+        _chunk_tile(t0, t1, h, task_chunk[k], bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows,
                     qs, positions, lowest, ring_blocks, shared_end, tail_rows, part_m[task], part_l[task],
                     part_acc[task])
 
@@ -669,20 +671,20 @@ def _flat(array: np.ndarray) -> np.ndarray:
 
 
 def _operands(bits: int, keys: dict, values: dict):
-    """The stored arrays of both sides as the kernels' eight flat operands (unused: tiny dummies),
-    and n_kv, n_rows."""
+    """The pool's stored arrays of both sides ((n_kv, rows, ...) each) as the kernels' eight flat
+    operands (unused: tiny dummies), and n_kv, n_rows."""
     if bits == 0:
         data = keys["data"]
         return (_flat(data), _flat(values["data"]), _NO_CODES, _NO_HALF, _NO_HALF, _NO_CODES, _NO_HALF,
-                _NO_HALF), data.shape[1], data.shape[2]
+                _NO_HALF), data.shape[0], data.shape[1]
     if bits == 16:                               # half bits ride in the scale operands
         data = keys["data"]
         return (_NO_FLOAT, _NO_FLOAT, _NO_CODES, _flat(data), _NO_HALF, _NO_CODES, _flat(values["data"]),
-                _NO_HALF), data.shape[1], data.shape[2]
+                _NO_HALF), data.shape[0], data.shape[1]
     codes = keys["codes"]
     return (_NO_FLOAT, _NO_FLOAT, _flat(codes), _flat(keys["scale"]).view(np.uint16),
             _flat(keys["min"]).view(np.uint16), _flat(values["codes"]), _flat(values["scale"]).view(np.uint16),
-            _flat(values["min"]).view(np.uint16)), codes.shape[1], codes.shape[2]
+            _flat(values["min"]).view(np.uint16)), codes.shape[0], codes.shape[1]
 
 
 TILE = 16                        # queries that share one load of a block (a speed choice only)
@@ -693,11 +695,12 @@ SERIAL_MERGE = 16                # (query, kv head) merges below which the merge
 class PreparedAttention:
     """What `attend` works out from the positions, the window, the tree and the store, once:
     the checks, the kernels' common operands and the driver. A forward's layers share it
-    (backends/cpu/attention.py keeps it on the plan); `run` takes a layer's q and slot."""
+    (backends/cpu/attention.py keeps it on the plan); `run` takes a layer's q and its slot's
+    block table row. cache_rows: the physical rows of a slot (the table row's width * 64)."""
 
     def __init__(self, n_queries: int, bits: int, group_len: int, keys: dict, values: dict, positions, window: int,
                  ring_blocks: int, shared_end: int, tail_rows, scale: float, rotate: bool, head_dim: int,
-                 n_heads: int, split: bool | None, tile: int):
+                 n_heads: int, split: bool | None, tile: int, cache_rows: int):
         positions = np.ascontiguousarray(positions, np.int64)
         lowest = np.maximum(positions - (window - 1), 0) if window else np.zeros_like(positions)
         if tail_rows is None:
@@ -711,9 +714,10 @@ class PreparedAttention:
             return
         # the kernels index without bounds checks: refuse what would read outside the store
         reach = (int(positions.max()) // BLOCK + 1) * BLOCK if not ring_blocks else ring_blocks * BLOCK
-        if reach > n_rows or positions.min() < 0 or (tail_rows is not None and tail.size
-                                                      and (tail.min() < 0 or tail.max() >= n_rows)):
-            raise IndexError(f"attention over rows beyond the store's {n_rows}")
+        if reach > cache_rows or positions.min() < 0 or (tail_rows is not None and tail.size
+                                                         and (tail.min() < 0 or tail.max() >= cache_rows)):
+            raise IndexError(f"attention over rows beyond the cache's {cache_rows}")
+        self.cache_rows, self.pool_blocks = cache_rows, n_rows // BLOCK
         tile = max(1, min(int(tile), n_queries))
         self.tile, self.positions, self.lowest, self.rotate = tile, positions, lowest, bool(rotate)
         self.norm = F(1.0 / np.sqrt(head_dim))
@@ -745,8 +749,11 @@ class PreparedAttention:
         self.first_task, self.chunk_lo = first_task, np.ascontiguousarray(chunk_lo, np.int64)
         self.n_tasks = int(first_task[-1]) * n_kv
 
-    def run(self, q, slot: int) -> np.ndarray:
-        """q (T, H, hd) of one layer over slot `slot` -> (T, H, hd) float32."""
+    def run(self, q, table_row: np.ndarray) -> np.ndarray:
+        """q (T, H, hd) of one layer over the slot whose block table row (cache_rows / 64,) int32
+        is `table_row` -> (T, H, hd) float32."""
+        if table_row.shape != (self.cache_rows // BLOCK,) or table_row.dtype != np.int32:
+            raise ValueError(f"a block table row {table_row.shape} {table_row.dtype} for {self.cache_rows} rows")
         q = np.ascontiguousarray(q, np.float32)
         if q.shape != (self.n_queries, self.n_heads, self.head_dim):
             raise ValueError(f"queries {q.shape} do not match the prepared "
@@ -755,13 +762,13 @@ class PreparedAttention:
         if self.n_queries == 0:
             return out
         if self.driver is not None:
-            self.driver(q, *self.before_slot, int(slot), *self.after_slot, out)
+            self.driver(q, *self.before_slot, table_row, *self.after_slot, out)
             return out
         group = self.n_heads // self.n_kv
         part_m = np.empty((self.n_tasks, self.tile, group), np.float32)
         part_l = np.empty((self.n_tasks, self.tile, group), np.float32)
         part_acc = np.empty((self.n_tasks, self.tile, group, self.head_dim), np.float32)
-        _attend_chunks(q, *self.before_slot, int(slot), *self.after_slot, self.task_tile, self.task_chunk,
+        _attend_chunks(q, *self.before_slot, table_row, *self.after_slot, self.task_tile, self.task_chunk,
                        part_m, part_l, part_acc)
         merge = _merge_chunks if self.n_queries * self.n_kv >= SERIAL_MERGE else _merge_chunks_serial
         merge(self.tile, self.first_task, self.chunk_lo, self.positions, self.lowest, part_m, part_l, part_acc,
@@ -769,13 +776,13 @@ class PreparedAttention:
         return out
 
 
-def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, positions, window: int = 0,
+def attend(q, bits: int, group_len: int, keys: dict, values: dict, table_row, positions, window: int = 0,
            ring_blocks: int = 0, shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0,
            rotate: bool = False, split: bool | None = None, tile: int = TILE) -> np.ndarray:
-    """Attention of q (T, H, hd) over slot `slot` of the stored sides `keys`, `values` (dicts of
-    (n_slots, n_kv, rows, ...) arrays: fp32 `data` float32 (bits 0), fp16 `data` uint16 half
+    """Attention of q (T, H, hd) over one slot of the stored sides `keys`, `values` (dicts of a
+    pool's (n_kv, rows, ...) arrays: fp32 `data` float32 (bits 0), fp16 `data` uint16 half
     bits (bits 16), int modes `codes` uint8 and `scale`, `min` float16 (bits: the code width);
-    group_len the quantization group).
+    group_len the quantization group), the slot's physical block b at pool block table_row[b].
 
     positions (T,) logical; window 0 = every earlier position; ring_blocks: physical blocks
     of a ring (0: none); logical blocks >= shared_end are read from tail_rows (T, n) physical
@@ -783,19 +790,22 @@ def attend(q, bits: int, group_len: int, keys: dict, values: dict, slot: int, po
     split, tile: force a driver and a tile size (None: chosen for speed); the bits are the
     same whatever they are. -> (T, H, hd) float32."""
     q = np.ascontiguousarray(q, np.float32)
+    table_row = np.ascontiguousarray(table_row, np.int32)
     n_queries, n_heads, head_dim = q.shape
     return PreparedAttention(n_queries, bits, group_len, keys, values, positions, window, ring_blocks, shared_end,
-                             tail_rows, scale, rotate, head_dim, n_heads, split, tile).run(q, slot)
+                             tail_rows, scale, rotate, head_dim, n_heads, split, tile,
+                             table_row.shape[0] * BLOCK).run(q, table_row)
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every signature the attention, KV write and
     rotation kernels use, on tiny arrays: call at model load, so no request pays for it."""
-    from tinyloop.backends.cpu.kvstore import KVStorage, kv_write
+    from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage, kv_write
 
     rng = np.random.default_rng(0)
+    table = np.array([[2, 1]], np.int32)                          # slot 0's two blocks, in pool order 2, 1
     for mode in ("fp32", "fp16", "int4-h"):
-        storage = KVStorage(mode, 1, 1, 128, 16)
+        storage = KVStorage(PoolStorage(mode, 1, 192, 16), table)
         kv_write(storage, 0, np.arange(128), rng.standard_normal((128, 1, 16)).astype(F),
                  rng.standard_normal((128, 1, 16)).astype(F))                 # threaded
         kv_write(storage, 0, slice(5, 6), rng.standard_normal((1, 1, 16)).astype(F),
@@ -804,8 +814,8 @@ def warm_up() -> None:
         bits = {"fp32": 0, "fp16": 16}.get(mode, 4)
         tail = np.arange(128, dtype=np.int64).reshape(2, 64)
         for split in (False, True):
-            attend(q, bits, 16, storage.keys, storage.values, 0, [100, 127], 0, 0, 1, tail, 0.25, mode == "int4-h",
-                   split=split, tile=1)
+            attend(q, bits, 16, storage.keys, storage.values, table[0], [100, 127], 0, 0, 1, tail, 0.25,
+                   mode == "int4-h", split=split, tile=1)
         many = rng.standard_normal((64, 2, 16)).astype(F)                 # the threaded drivers
         for split in (False, True):
-            attend(many, bits, 16, storage.keys, storage.values, 0, np.arange(64, 128), split=split, tile=4)
+            attend(many, bits, 16, storage.keys, storage.values, table[0], np.arange(64, 128), split=split, tile=4)

@@ -37,21 +37,21 @@ def fwht(x: np.ndarray) -> np.ndarray:
     return (y * F(1.0 / np.sqrt(head_dim))).astype(F)
 
 
-def _dequantized(mode_bits: int, side: dict, slot: int, rows: np.ndarray, head_dim: int) -> np.ndarray:
-    """Stored rows (T, 64) of one side -> (T, n_kv, 64, hd) float32."""
+def _dequantized(mode_bits: int, side: dict, rows: np.ndarray, head_dim: int) -> np.ndarray:
+    """Stored pool rows (T, 64) of one side ((n_kv, rows, ...) arrays) -> (T, n_kv, 64, hd) float32."""
     if mode_bits == 0:
-        return side["data"][slot][:, rows, :head_dim].transpose(1, 0, 2, 3).astype(F)
+        return side["data"][:, rows, :head_dim].transpose(1, 0, 2, 3).astype(F)
     if mode_bits == 16:                                                    # half bits: widened exactly
-        return side["data"][slot][:, rows].view(np.float16).transpose(1, 0, 2, 3).astype(F)
-    packed = side["codes"][slot][:, rows]                                  # (n_kv, T, 64, bytes)
+        return side["data"][:, rows].view(np.float16).transpose(1, 0, 2, 3).astype(F)
+    packed = side["codes"][:, rows]                                        # (n_kv, T, 64, bytes)
     if mode_bits == 8:
         codes = packed
     else:                                                                  # low nibble first
         codes = np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (head_dim,))
     groups = side["scale"].shape[-1]
     g = head_dim // groups
-    scale = np.repeat(side["scale"][slot][:, rows].astype(F), g, axis=-1)   # f16 -> f32 is exact
-    low = np.repeat(side["min"][slot][:, rows].astype(F), g, axis=-1)
+    scale = np.repeat(side["scale"][:, rows].astype(F), g, axis=-1)       # f16 -> f32 is exact
+    low = np.repeat(side["min"][:, rows].astype(F), g, axis=-1)
     return (codes.astype(F) * scale + low).transpose(1, 0, 2, 3)
 
 
@@ -74,13 +74,14 @@ def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return _tree(acc)
 
 
-def attention(mode: str, q, keys: dict, values: dict, slot: int, positions, window: int = 0, ring_blocks: int = 0,
+def attention(mode: str, q, keys: dict, values: dict, table_row, positions, window: int = 0, ring_blocks: int = 0,
               shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0) -> np.ndarray:
-    """q (T, H, hd) over the stored sides of `slot` -> (T, H, hd) float32, the kernel's definition."""
+    """q (T, H, hd) over the stored sides of one slot -> (T, H, hd) float32, the kernel's definition.
+    The slot's physical row r is pool row table_row[r // 64] * 64 + r % 64 (its block table row)."""
     bits = {"fp32": 0, "fp16": 16, "int8": 8, "int4": 4, "int4-h": 4}[mode]
     q = np.asarray(q, F)
     n_queries, n_heads, head_dim = q.shape
-    n_kv = next(iter(keys.values())).shape[1]
+    n_kv = next(iter(keys.values())).shape[0]
     group = n_heads // n_kv
     pos = np.asarray(positions, np.int64)
     lowest = np.maximum(pos - window + 1, 0) if window else np.zeros_like(pos)
@@ -109,8 +110,9 @@ def attention(mode: str, q, keys: dict, values: dict, slot: int, positions, wind
                 else:
                     rows = np.broadcast_to((b % ring_blocks if ring_blocks else b) * BLOCK + j, (n_queries, BLOCK))
                 rows = np.where(vis, rows, 0)                # a masked key's row is never used
-                k = _dequantized(bits, keys, slot, rows, head_dim)
-                v = _dequantized(bits, values, slot, rows, head_dim)
+                rows = np.asarray(table_row)[rows // BLOCK].astype(np.int64) * BLOCK + rows % BLOCK
+                k = _dequantized(bits, keys, rows, head_dim)
+                v = _dequantized(bits, values, rows, head_dim)
                 s = np.where(vis[:, None, None, :], _scores(qg, k), NEG_INF)      # (T, n_kv, G, 64)
                 lane = s[..., :LANES]
                 for j0 in range(LANES, BLOCK, LANES):

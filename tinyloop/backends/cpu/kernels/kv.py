@@ -22,6 +22,7 @@ from tinyloop.backends.cpu.kernels.attention import half_to_f32
 from tinyloop.backends.cpu.kernels.rotation import fwht_row
 
 F = np.float32
+BLOCK = 64                       # tinyloop.limits.ATTENTION_BLOCK: rows of a pool block
 PARALLEL_ROWS = 1 << 62          # (token, kv head) rows from which a write is split across threads:
 # never, for now: the threaded write made tests/test_kvcache.py::test_batch_invariance_per_mode
 # [40-int8] fail when run after the rest of that file with 2 threads (not reproduced alone;
@@ -104,16 +105,19 @@ def _store_row(x, t, h, row_index, bits, levels, group_len, rotate, norm, codes,
             codes[base + i] = np.uint8(np.uint8(buffer[2 * i]) | (np.uint8(buffer[2 * i + 1]) << 4))
 
 
-def _write_py(x, rows, slot, n_kv, n_rows, bits, group_len, rotate, norm, data, stride, halves, codes,
+def _write_py(x, rows, table_row, n_kv, n_rows, bits, group_len, rotate, norm, data, stride, halves, codes,
               scales, mins):
-    """bits 0: float32 `data` (rows of `stride`); 16: half bits into `halves` (rows of hd);
+    """Row t of x to physical row rows[t] of the slot whose block table row is `table_row`:
+    pool row table_row[rows[t] // 64] * 64 + rows[t] % 64 of the (n_kv, n_rows) planes.
+    bits 0: float32 `data` (rows of `stride`); 16: half bits into `halves` (rows of hd);
     else codes with f16 scales and mins."""
     n_tokens, _, head_dim = x.shape
     levels = (1 << bits) - 1
     for task in prange(n_tokens * n_kv):
         t = task // n_kv
         h = task % n_kv
-        row_index = (slot * n_kv + h) * n_rows + rows[t]
+        row = rows[t]
+        row_index = h * n_rows + np.int64(table_row[row // BLOCK]) * BLOCK + row % BLOCK
         buffer = np.empty(head_dim, np.float32)
         if bits == 0:
             base = row_index * stride
@@ -147,21 +151,25 @@ def checked_rows(rows, n_tokens: int, n_rows: int) -> np.ndarray:
     return rows
 
 
-def side_rows(mode_bits: int, side: dict) -> int:
-    return (side["data"] if mode_bits in (0, 16) else side["codes"]).shape[2]
+def pool_rows_of(mode_bits: int, side: dict) -> int:
+    return (side["data"] if mode_bits in (0, 16) else side["codes"]).shape[1]
 
 
-def write(mode_bits: int, group_len: int, rotate: bool, side: dict, slot: int, rows, x: np.ndarray,
+def write(mode_bits: int, group_len: int, rotate: bool, side: dict, table_row: np.ndarray, rows, x: np.ndarray,
           checked: bool = False) -> None:
     """x (T, n_kv, hd) stored at physical rows (a slice or a (T,) int array; checked=True: a
-    checked_rows array) of `slot` in one side's arrays (mode_bits 0: fp32 `data` (n_slots,
-    n_kv, rows, hd [+ 1]) float32; 16: fp16 `data` (n_slots, n_kv, rows, hd) uint16 half
-    bits, rounded to nearest even; int modes `codes`, `scale`, `min`)."""
+    checked_rows array) of the slot whose block table row (blocks,) int32 is `table_row`, in
+    one side of the pool (mode_bits 0: fp32 `data` (n_kv, rows, hd [+ 1]) float32; 16: fp16
+    `data` (n_kv, rows, hd) uint16 half bits, rounded to nearest even; int modes `codes`,
+    `scale`, `min`)."""
     x = np.ascontiguousarray(x, np.float32)
     n_tokens, n_kv, head_dim = x.shape
-    n_rows = side_rows(mode_bits, side)
-    if not checked:
-        rows = checked_rows(rows, n_tokens, n_rows)
+    n_rows = pool_rows_of(mode_bits, side)
+    if not checked:                # (a cache's own table holds only its pool's blocks: kv/cache.py)
+        rows = checked_rows(rows, n_tokens, table_row.shape[0] * BLOCK)
+        if n_tokens and not 0 <= int(table_row[rows // BLOCK].min()) <= int(table_row[rows // BLOCK].max()) \
+                < n_rows // BLOCK:
+            raise IndexError("a block table entry outside the pool")
     norm = F(1.0 / np.sqrt(head_dim))
     if mode_bits == 0:
         data = side["data"]
@@ -173,4 +181,4 @@ def write(mode_bits: int, group_len: int, rotate: bool, side: dict, slot: int, r
         args = (_NO_FLOAT, 0, _NO_HALF, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
                 side["min"].reshape(-1).view(np.uint16))
     kernel = _write if n_tokens * n_kv >= PARALLEL_ROWS else _write_serial
-    kernel(x, rows, int(slot), int(n_kv), int(n_rows), int(mode_bits), int(group_len), bool(rotate), norm, *args)
+    kernel(x, rows, table_row, int(n_kv), int(n_rows), int(mode_bits), int(group_len), bool(rotate), norm, *args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cuda.launch.kv import DeviceKV
+from tinyloop.backends.cuda.launch.kv import DeviceView
 from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (query, kv head, chunk): 4 warps
@@ -82,7 +82,7 @@ def _array_module(out):
     return cupy
 
 
-def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ring_blocks: int,
+def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, ring_blocks: int,
               shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
@@ -90,7 +90,7 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
     int32 physical rows (a draft tree's paths; None without a tree, and shared_end_dev is then
     not read). Both live on the device so that a captured verify graph reads each round's tree;
     tail_len may exceed the tree's tail (padding past a query's blocks is never read).
-    out (T, H, hd) float32 contiguous <- attention over `slot` of kv.
+    out (T, H, hd) float32 contiguous <- attention over `slot` of kv (through its block table row).
 
     chunks: the grid's z, max_chunks(...) of the geometry; None: max_chunks(rows, window,
     ring_blocks), which bounds every tree whose tail stays inside the cache's rows.
@@ -138,6 +138,7 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
     if not n_queries:
         return out
     group = n_heads // kv.n_kv
+    blocks = kv.blocks(slot)
     shared = shared_bytes(group, head_dim)
     function = module.get_function(KERNELS[kv.mode])
     _allow_shared(function, shared)
@@ -150,7 +151,7 @@ def attention(module, kv: DeviceKV, q, slot: int, positions_dev, window: int, ri
         positions = positions_dev[start:stop]
         function((stop - start, kv.n_kv, chunks), (ATT_THREADS,),
                  (q[start:stop], q_stride, *kv.keys.values(), *kv.values.values(),
-                  np.int32(slot), np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim), np.int32(group),
+                  blocks, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim), np.int32(group),
                   positions, np.int32(window), np.int32(ring_blocks or 0),
                   shared_end_dev if has_tail else positions,      # not read without a tail
                   tail_rows_dev[start:stop] if has_tail else positions,

@@ -1,4 +1,5 @@
-"""Launch geometry for cuda/kv.cu, and DeviceKV: one request's KV storage on the device.
+"""Launch geometry for cuda/kv.cu; DeviceKV: the KV pool on the device; DeviceView: one
+cache's storage, the pool through its block table.
 
 Arrays are device arrays (CuPy, or the CPU harness's NumPy arrays). Layouts: cuda/README.md
 ("KV storage per side"). The twin is tinyloop/backends/reference/twins/kv.py.
@@ -21,12 +22,11 @@ KERNELS = {"fp16": "kv_write_fp16", "fp32": "kv_write_fp32", "int8": "kv_write_i
 
 @dataclass
 class DeviceKV:
-    """Keys and values of n_slots layer instances x `rows` physical rows, per side a dict:
-    float modes {"data": (n_slots, n_kv, rows, hd) float16 / float32}; int modes {"codes":
-    (n_slots, n_kv, rows, hd * bits / 8) uint8, "scale", "min": (n_slots, n_kv, rows,
-    groups) float16}. Dict order is the kernels' argument order."""
+    """The KV pool's keys and values on the device (kv/pool.py): `rows` pool rows (whole
+    64-row blocks) of n_kv heads, per side a dict: float modes {"data": (n_kv, rows, hd)
+    float16 / float32}; int modes {"codes": (n_kv, rows, hd * bits / 8) uint8, "scale",
+    "min": (n_kv, rows, groups) float16}. Dict order is the kernels' argument order."""
     mode: str
-    n_slots: int
     n_kv: int
     rows: int
     head_dim: int
@@ -34,25 +34,23 @@ class DeviceKV:
     values: dict
 
     @classmethod
-    def allocate(cls, mode: str, n_slots: int, n_kv: int, rows: int, head_dim: int, alloc=None, xp=np):
-        """alloc(shape, dtype) -> a zeroed device array (a KV pool's carving); None: xp.zeros."""
+    def allocate(cls, mode: str, n_kv: int, rows: int, head_dim: int, xp=np):
         check_mode(mode)
         if rows % ATTENTION_BLOCK:
             raise ValueError(f"KV rows must be a multiple of {ATTENTION_BLOCK}, got {rows}")
         if mode == "int4-h" and head_dim & (head_dim - 1):
             raise ValueError(f"the int4-h KV cache needs a power-of-two head_dim, got {head_dim}")
-        alloc = alloc or (lambda shape, dtype: xp.zeros(shape, dtype))
-        lead = (n_slots, n_kv, rows)
+        lead = (n_kv, rows)
 
         def side():
             if mode in CODE_BITS:
                 groups = head_dim // group_size(head_dim)
-                return {"codes": alloc(lead + (head_dim * CODE_BITS[mode] // 8,), np.uint8),
-                        "scale": alloc(lead + (groups,), np.float16),
-                        "min": alloc(lead + (groups,), np.float16)}
-            return {"data": alloc(lead + (head_dim,), np.float16 if mode == "fp16" else np.float32)}
+                return {"codes": xp.zeros(lead + (head_dim * CODE_BITS[mode] // 8,), np.uint8),
+                        "scale": xp.zeros(lead + (groups,), np.float16),
+                        "min": xp.zeros(lead + (groups,), np.float16)}
+            return {"data": xp.zeros(lead + (head_dim,), np.float16 if mode == "fp16" else np.float32)}
 
-        return cls(mode, n_slots, n_kv, rows, head_dim, side(), side())
+        return cls(mode, n_kv, rows, head_dim, side(), side())
 
     @property
     def bytes_per_row(self) -> int:
@@ -68,16 +66,53 @@ class DeviceKV:
         return [*self.keys.values(), *self.values.values()]
 
     def scratch_bytes(self, n_rows: int) -> int:
-        """Scratch copy_rows needs to move n_rows rows of the largest array."""
+        """Scratch copy_rows needs to move n_rows pool rows of the largest array."""
         return max(_planes(a) * n_rows * _row_bytes(a) for a in self.arrays())
 
 
+class DeviceView:
+    """One cache's storage: the pool through its block table, (n_slots, blocks) int32, kept on
+    the host by the cache (kv/cache.py) and copied to a device array of the same shape, allocated
+    once, so the kernels of a captured graph read the current table from a fixed address.
+    Physical row r of slot s is pool row table[s, r // 64] * 64 + r % 64."""
+
+    def __init__(self, pool: DeviceKV, table: np.ndarray, device_table, upload):
+        """device_table: a (n_slots, blocks) int32 device array; upload(buffer, host values): a
+        copy ordered with the stream graphs replay on (device.upload_ints)."""
+        self.pool, self.table, self.device_table, self._upload = pool, table, device_table, upload
+        self.sync()
+
+    def sync(self) -> None:
+        """The host table onto the device (after the cache allocated or adopted blocks)."""
+        self._upload(self.device_table, self.table)
+
+    def blocks(self, slot: int):
+        """Slot `slot`'s row of the device table: the kernels' `blocks` argument."""
+        if not 0 <= slot < self.n_slots:
+            raise ValueError(f"slot {slot} outside 0..{self.n_slots - 1}")
+        return self.device_table[slot]
+
+    def pool_rows(self, rows) -> np.ndarray:
+        """Physical rows (n,) -> every slot's pool rows, (n_slots * n,) int32, slot-major."""
+        rows = np.asarray(rows, np.int64)
+        pool = self.table[:, rows // ATTENTION_BLOCK].astype(np.int64) * ATTENTION_BLOCK + rows % ATTENTION_BLOCK
+        return pool.reshape(-1).astype(np.int32)
+
+    mode = property(lambda self: self.pool.mode)
+    n_kv = property(lambda self: self.pool.n_kv)
+    head_dim = property(lambda self: self.pool.head_dim)
+    keys = property(lambda self: self.pool.keys)
+    values = property(lambda self: self.pool.values)
+    n_slots = property(lambda self: self.table.shape[0])
+    rows = property(lambda self: self.table.shape[1] * ATTENTION_BLOCK)      # physical rows per slot
+
+
 def _planes(array) -> int:
-    return array.shape[0] * array.shape[1]
+    return array.shape[0]
 
 
 def _row_bytes(array) -> int:
-    return math.prod(array.shape[3:]) * array.dtype.itemsize
+    return math.prod(array.shape[2:]) * array.dtype.itemsize
 
 
 def _token_stride(x, n_kv: int, head_dim: int) -> int:
@@ -90,15 +125,15 @@ def _token_stride(x, n_kv: int, head_dim: int) -> int:
     return x.strides[0] // 4
 
 
-def kv_write(module, kv: DeviceKV, slot: int, rows_dev, keys, values) -> None:
+def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values) -> None:
     """keys, values: (T, n_kv, hd) float32 (RoPE applied) -> quantized and stored at physical
-    rows rows_dev (T,) int32 of `slot`, both sides in one launch: grid (T, n_kv, 2)."""
+    rows rows_dev (T,) int32 of `slot` (through its block table row), both sides in one launch:
+    grid (T, n_kv, 2)."""
     n_tokens = keys.shape[0]
     if values.shape[0] != n_tokens or rows_dev.shape != (n_tokens,) or rows_dev.dtype != np.int32:
         raise ValueError(f"kv_write: {n_tokens} keys, {values.shape[0]} values, rows {rows_dev.shape} "
                          f"{rows_dev.dtype} (expected int32)")
-    if not 0 <= slot < kv.n_slots:
-        raise ValueError(f"slot {slot} outside 0..{kv.n_slots - 1}")
+    blocks = kv.blocks(slot)
     if not n_tokens:
         return
     head_dim = kv.head_dim
@@ -109,15 +144,15 @@ def kv_write(module, kv: DeviceKV, slot: int, rows_dev, keys, values) -> None:
     module.get_function(KERNELS[kv.mode])(
         (n_tokens, kv.n_kv, 2), (KV_THREADS,),
         (keys, values, np.int32(k_stride), np.int32(v_stride), *kv.keys.values(), *kv.values.values(),
-         np.int32(slot), rows_dev, np.int32(kv.n_kv), np.int32(kv.rows), np.int32(head_dim)),
+         blocks, rows_dev, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim)),
         shared_mem=shared)
 
 
 def copy_rows(module, arrays, source_dev, target_dev, scratch) -> None:
-    """Rows source[i] -> target[i] (int32 device arrays, targets distinct) of every slot and
-    kv head of each array (n_slots, n_kv, rows, ...), contiguous: per array a gather into
-    scratch (uint8, at least DeviceKV.scratch_bytes(n)) and a scatter, so targets may
-    overlap sources (NumPy's a[:, :, target] = a[:, :, source])."""
+    """Pool rows source[i] -> target[i] (int32 device arrays, targets distinct) of every kv head
+    of each pool array (n_kv, rows, ...), contiguous: per array a gather into scratch (uint8,
+    at least DeviceKV.scratch_bytes(n)) and a scatter, so targets may overlap sources (NumPy's
+    a[:, target] = a[:, source])."""
     n = source_dev.shape[0]
     if target_dev.shape != (n,) or source_dev.dtype != np.int32 or target_dev.dtype != np.int32:
         raise ValueError(f"copy_rows: source {source_dev.shape} {source_dev.dtype}, target "
@@ -132,6 +167,6 @@ def copy_rows(module, arrays, source_dev, target_dev, scratch) -> None:
         if scratch.nbytes < planes * n * row_bytes:
             raise ValueError(f"copy_rows: scratch holds {scratch.nbytes} bytes, needs {planes * n * row_bytes}")
         grid = (n, planes)
-        args = (np.int32(n), np.int32(array.shape[2]), np.int32(row_bytes))
+        args = (np.int32(n), np.int32(array.shape[1]), np.int32(row_bytes))
         gather(grid, (COPY_THREADS,), (array, scratch, source_dev, *args))
         scatter(grid, (COPY_THREADS,), (array, scratch, target_dev, *args))

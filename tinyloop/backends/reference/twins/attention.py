@@ -37,16 +37,17 @@ NO_TREE = 1 << 30                 # shared_end without a draft tree
 CHUNK_BLOCKS = 4                  # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS)
 
 
-def dequantize(mode: str, side: dict, slot: int, rows: np.ndarray) -> np.ndarray:
-    """Stored rows (an int array of any shape) of one side -> (n_kv, *rows.shape, hd) float32."""
+def dequantize(mode: str, side: dict, rows: np.ndarray) -> np.ndarray:
+    """Stored pool rows (an int array of any shape) of one side ((n_kv, rows, ...) arrays) ->
+    (n_kv, *rows.shape, hd) float32."""
     if mode in ("fp16", "fp32"):
-        return side["data"][slot][:, rows].astype(F)
+        return side["data"][:, rows].astype(F)
     bits = CODE_BITS[mode]
-    packed = side["codes"][slot][:, rows]                                   # (n_kv, *rows.shape, bytes)
+    packed = side["codes"][:, rows]                                         # (n_kv, *rows.shape, bytes)
     lead = packed.shape[:-1]
     codes = unpack_codes(packed.reshape(-1, packed.shape[-1]), bits).reshape(*lead, -1)
     # code * scale + min: float32 multiply, then add (IntStore.dequantize)
-    return IntStore(bits).dequantize(codes, side["scale"][slot][:, rows], side["min"][slot][:, rows])
+    return IntStore(bits).dequantize(codes, side["scale"][:, rows], side["min"][:, rows])
 
 
 def dot4(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -70,13 +71,15 @@ def tree_sum(x: np.ndarray, axis: int) -> np.ndarray:
     return x[0]
 
 
-def attention(mode: str, q: np.ndarray, keys: dict, values: dict, slot: int, positions, window: int = 0,
+def attention(mode: str, q: np.ndarray, keys: dict, values: dict, blocks, positions, window: int = 0,
               ring_blocks: int = 0, shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0) -> np.ndarray:
-    """Host twin of attention_<mode>. q: (T, H, hd) float32; keys, values: the side dicts of
-    stored arrays (n_slots, n_kv, rows, ...); positions (T,); tail_rows (T, tail_len) physical
-    rows or None. -> (T, H, hd) float32."""
+    """Host twin of attention_<mode>. q: (T, H, hd) float32; keys, values: the side dicts of the
+    pool's stored arrays (n_kv, rows, ...); blocks: the slot's block table row (physical row r
+    is pool row blocks[r // 64] * 64 + r % 64); positions (T,); tail_rows (T, tail_len)
+    physical rows or None. -> (T, H, hd) float32."""
     n_queries, n_heads, head_dim = q.shape
-    n_kv = next(iter(keys.values())).shape[1]
+    n_kv = next(iter(keys.values())).shape[0]
+    blocks = np.asarray(blocks, np.int64)
     group = n_heads // n_kv
     pos = np.asarray(positions, np.int64)
     lowest = np.maximum(pos - window + 1, 0) if window else np.zeros_like(pos)
@@ -105,8 +108,9 @@ def attention(mode: str, q: np.ndarray, keys: dict, values: dict, slot: int, pos
                 else:
                     rows = np.broadcast_to((b % ring_blocks if ring_blocks else b) * BLOCK + j, (n_queries, BLOCK))
                 rows = np.where(visible, rows, 0)                           # (T, 64); masked: never used
-                key_block = dequantize(mode, keys, slot, rows).transpose(1, 0, 2, 3)        # (T, n_kv, 64, hd)
-                value_block = dequantize(mode, values, slot, rows).transpose(1, 0, 2, 3)
+                rows = blocks[rows // BLOCK] * BLOCK + rows % BLOCK         # pool rows
+                key_block = dequantize(mode, keys, rows).transpose(1, 0, 2, 3)              # (T, n_kv, 64, hd)
+                value_block = dequantize(mode, values, rows).transpose(1, 0, 2, 3)
                 mask = visible[:, None, None, :]                            # (T, 1, 1, 64)
                 scores = np.where(mask, dot4(qg[:, :, :, None, :], key_block[:, :, None]), F(-np.inf))
                 block_max = np.fmax.reduce(scores, axis=-1)                 # (T, n_kv, G)

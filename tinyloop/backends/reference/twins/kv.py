@@ -1,7 +1,7 @@
 """Twin of cuda/kv.cu: quantize-and-store and the accepted-path row copy, float32 op for op.
 
-Stored arrays per side are the device layout (cuda/README.md): float modes `data`
-(n_slots, n_kv, rows, hd) float16 / float32; int modes `codes` (..., hd * bits / 8) uint8
+Stored arrays per side are the device layout of the KV pool (cuda/README.md): float modes
+`data` (n_kv, rows, hd) float16 / float32; int modes `codes` (..., hd * bits / 8) uint8
 packed little-end first, `scale` and `min` (..., groups) float16. fp16/fp32/int8/int4 are
 the CPU backend's stored values exactly (IntStore.quantize is the kernel's arithmetic:
 min and max per group, f16 scale = half((max - min) / levels), f16 min, codes =
@@ -58,17 +58,19 @@ def stored_rows(mode: str, x: np.ndarray) -> dict:
     return {"codes": packed, "scale": scale, "min": offset}
 
 
-def kv_write(mode: str, keys_arrays: dict, values_arrays: dict, slot: int, rows, keys, values) -> None:
-    """Host twin of kv_write_<mode>: keys, values (T, n_kv, hd) stored at physical rows
-    `rows` (T,) of `slot` in the side dicts (n_slots, n_kv, rows, ...), in place."""
-    rows = np.asarray(rows)
+def kv_write(mode: str, keys_arrays: dict, values_arrays: dict, blocks, rows, keys, values) -> None:
+    """Host twin of kv_write_<mode>: keys, values (T, n_kv, hd) stored at physical rows `rows`
+    (T,) of the slot whose block table row is `blocks` (pool row blocks[r // 64] * 64 + r % 64)
+    in the pool's side dicts (n_kv, rows, ...), in place."""
+    rows = np.asarray(rows, np.int64)
+    rows = np.asarray(blocks, np.int64)[rows // 64] * 64 + rows % 64
     for arrays, x in ((keys_arrays, keys), (values_arrays, values)):
         for name, stored in stored_rows(mode, np.asarray(x, F).transpose(1, 0, 2)).items():   # (n_kv, T, ...)
-            arrays[name][slot][:, rows] = stored
+            arrays[name][:, rows] = stored
 
 
 def copy_rows(arrays, source, target) -> None:
-    """Host twin of rows_gather + rows_scatter: every array (n_slots, n_kv, rows, ...)
-    gets rows source[i] -> target[i], all sources read before any target is written."""
+    """Host twin of rows_gather + rows_scatter: every pool array (n_kv, rows, ...) gets pool rows
+    source[i] -> target[i], all sources read before any target is written."""
     for array in arrays:
-        array[:, :, np.asarray(target)] = array[:, :, np.asarray(source)]
+        array[:, np.asarray(target)] = array[:, np.asarray(source)]
