@@ -128,10 +128,10 @@ class Metrics:
                    [({}, self.spec_drafted)])
             metric("tinyloop_speculative_accepted_tokens_total", "counter", "Draft tokens accepted.",
                    [({}, self.spec_accepted)])
-            metric("tinyloop_queue_seconds_sum", "counter", "Seconds finished generations waited for a running place.",
-                   [({}, round(self.queue_sum, 6))])
-            metric("tinyloop_queue_seconds_count", "counter", "Finished generations (the queue time's count).",
-                   [({}, self.queue_count)])
+            lines.append("# HELP tinyloop_queue_seconds Time finished generations waited for a running place.")
+            lines.append("# TYPE tinyloop_queue_seconds summary")
+            lines.append(f"tinyloop_queue_seconds_sum {self.queue_sum:.6f}")
+            lines.append(f"tinyloop_queue_seconds_count {self.queue_count}")
             metric("tinyloop_admitted_total", "counter", "Generations admitted to the engine's queue.",
                    [({}, self.admitted)])
             metric("tinyloop_refused_total", "counter", "Generations refused at admission, by reason.",

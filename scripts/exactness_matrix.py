@@ -1,31 +1,32 @@
-"""Re-run the exactness tests under every BLAS kernel set and NumPy SIMD level this CPU can run.
+"""Re-run the exactness tests under every compile target, BLAS kernel set and NumPy SIMD level
+this CPU can run, and compare the compiled kernels' logits across compile targets.
 
     python scripts/exactness_matrix.py            # full set under the CPU's own kernels, reduced under the rest
     python scripts/exactness_matrix.py --full     # the full exactness set under every configuration
     python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
 
-NumPy's OpenBLAS picks its kernels for the CPU it finds (DYNAMIC_ARCH), and NumPy picks
-SIMD loops the same way, so "bit for bit" proved on one machine says little about the
-next. Each configuration below runs `pytest -m exactness` in a fresh process with:
-- OPENBLAS_CORETYPE unset (the kernels OpenBLAS picks for this CPU, whatever the caller's
-  environment pins), then set to each core type whose instructions this CPU executes:
-  Prescott (SSE3, pre-AVX), Nehalem, Sandybridge (AVX), Haswell (AVX2), SkylakeX,
-  Cooperlake and SapphireRapids (AVX-512);
-- NPY_DISABLE_CPU_FEATURES narrowing NumPy's dispatch to below AVX-512, then to its
-  baseline;
-- TINYLOOP_ACTIVATIONS=fp16 (linear inputs rounded to half: every model the tests load
-  through load_model runs so), under this CPU's own kernels.
-The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported: a
-core type OpenBLAS maps to kernels already tested is listed, not run twice.
+The CPU kernels (backends/cpu, the default) are compiled by numba for the CPU it runs on
+unless NUMBA_CPU_NAME names another target, and their integer kernels pick their
+instructions by the target (AVX2, SSSE3 or portable code, kernels/simd.py); NumPy's
+OpenBLAS, which the NumPy reference backend and the tests' oracles use, picks its kernels
+for the CPU it finds (DYNAMIC_ARCH), and NumPy picks SIMD loops the same way. So "bit for
+bit" proved on one machine says little about the next. Each configuration runs
+`pytest -m exactness` in a fresh process:
+- this CPU's own compile target and BLAS kernels: the full set;
+- each numba compile target this CPU executes, paired with the OpenBLAS core type of the
+  same instruction set: generic with Prescott (SSE3), nehalem with Nehalem, sandybridge
+  with Sandybridge (AVX), haswell with Haswell (AVX2), skylake-avx512 with SkylakeX and
+  icelake-server with Cooperlake (AVX-512): the reduced set (every 2nd to 4th case of the
+  long sweeps), so every target and every core type runs once;
+- the NumPy reference backend (TINYLOOP_CPU_KERNELS=numpy) with NumPy narrowed to its
+  baseline SIMD (NPY_DISABLE_CPU_FEATURES): its own exactness claims, reduced;
+- TINYLOOP_ACTIVATIONS=fp16 (linear inputs rounded to half), reduced.
+The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported.
 
-Then the compiled CPU kernels (backends/cpu) across compile targets: numba compiles
-them for the CPU it runs on unless NUMBA_CPU_NAME names another target, and the integer
-kernels pick their instructions by the target (AVX2, SSSE3 or portable code, kernels/simd.py).
-scripts/logit_fingerprint.py writes the logits of every forward path (prefill, decode, verify,
-a draft tree; float and int8/int4/int2 models; every KV mode; a window) under this CPU's own
-target, NUMBA_CPU_NAME=generic, and every named target whose instructions this CPU executes,
-and every file must equal the first bit for bit. The exactness tests also run once under
-the generic target. Exit status 0 only when every configuration that ran passed.
+Then scripts/logit_fingerprint.py writes the logits of every forward path (prefill, decode,
+verify, a draft tree; float and int8/int4/int2 models; every KV mode; a window) under this
+CPU's own target, NUMBA_CPU_NAME=generic and every named target this CPU executes, and every
+file must equal the first bit for bit. Exit status 0 only when every configuration that ran passed.
 """
 from __future__ import annotations
 
@@ -125,32 +126,32 @@ def dispatch_targets() -> list[str]:
     return [t for t in match.group(1).split(",") if t] if match else []
 
 
+# numba compile target -> the OpenBLAS core type of the same instruction set, run together
+PAIRS = (("generic", "Prescott"), ("nehalem", "Nehalem"), ("sandybridge", "Sandybridge"), ("haswell", "Haswell"),
+         ("skylake-avx512", "SkylakeX"), ("icelake-server", "Cooperlake"))
+
+
 def plan(full: bool) -> list[Configuration]:
     configs = [Configuration("this CPU's own kernels", {}, reduced=False,
-                             why="OPENBLAS_CORETYPE unset: what OpenBLAS picks here; the full set")]
+                             why="this CPU's own compile target, OPENBLAS_CORETYPE unset: the full set")]
     flags = cpu_flags()
-    for core, needs in CORE_TYPES.items():
+    for target, core in PAIRS:
+        needs = COMPILE_TARGETS[target] | CORE_TYPES[core]
+        name = f"{target} + {core}"
         if flags is None:
-            configs.append(Configuration(core, {}, True, "", skipped="no /proc/cpuinfo: cannot tell what runs"))
+            configs.append(Configuration(name, {}, True, "", skipped="no /proc/cpuinfo: cannot tell what runs"))
         elif not needs <= flags:
-            missing = " ".join(sorted(needs - flags))
-            configs.append(Configuration(core, {}, True, "", skipped=f"CPU lacks {missing}"))
+            configs.append(Configuration(name, {}, True, "", skipped=f"CPU lacks {' '.join(sorted(needs - flags))}"))
         else:
-            configs.append(Configuration(core, {"OPENBLAS_CORETYPE": core}, reduced=not full,
-                                         why=f"OPENBLAS_CORETYPE={core}"))
+            configs.append(Configuration(name, {"NUMBA_CPU_NAME": target, "OPENBLAS_CORETYPE": core},
+                                         reduced=not full, why=f"NUMBA_CPU_NAME={target} OPENBLAS_CORETYPE={core}"))
     targets = dispatch_targets()
-    wide = [t for t in targets if "512" in t or "V4" in t or "SPR" in t]
-    if wide:
-        configs.append(Configuration("NumPy below AVX-512", {"NPY_DISABLE_CPU_FEATURES": " ".join(wide)},
-                                     reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(wide)}"))
-    if targets:
-        configs.append(Configuration("NumPy baseline SIMD", {"NPY_DISABLE_CPU_FEATURES": " ".join(targets)},
-                                     reduced=not full, why=f"NPY_DISABLE_CPU_FEATURES={' '.join(targets)}"))
+    configs.append(Configuration("NumPy reference backend", {"TINYLOOP_CPU_KERNELS": "numpy",
+                                                             "NPY_DISABLE_CPU_FEATURES": " ".join(targets) or None},
+                                 reduced=not full, why="TINYLOOP_CPU_KERNELS=numpy, NumPy's baseline SIMD: the "
+                                                       "reference backend's own claims"))
     configs.append(Configuration("fp16 activations", {"TINYLOOP_ACTIVATIONS": "fp16"}, reduced=not full,
                                  why="TINYLOOP_ACTIVATIONS=fp16: the exactness rule with half linear inputs"))
-    configs.append(Configuration("numba generic target", {"TINYLOOP_CPU_KERNELS": "numba",
-                                                          "NUMBA_CPU_NAME": "generic"}, reduced=not full,
-                                 why="TINYLOOP_CPU_KERNELS=numba NUMBA_CPU_NAME=generic: our kernels' portable code"))
     return configs
 
 
@@ -227,8 +228,8 @@ def compare_targets(workdir: Path) -> list[Target]:
 
 def run(config: Configuration, pytest_args: list[str]) -> None:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "exactness", *pytest_args]
-    if config.reduced:
-        command.append("--exactness-reduced")
+    if not config.reduced:
+        command.append("--exactness-full")
     start = time.perf_counter()
     out = subprocess.run(command, cwd=ROOT, env=environment(config.env), capture_output=True, text=True)
     config.seconds = time.perf_counter() - start

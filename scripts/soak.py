@@ -13,6 +13,8 @@ A sampler reads /metrics every `--sample-s` seconds: the worker's RSS, open file
 descriptors and threads, and the admission counters.
 
 Passes when, after the run:
+- the KV pool holds nothing for anyone (every block back, or kept idle by the prefix cache;
+  nothing reserved): a request that left early must not leak its blocks;
 - RSS drift after warm-up is below --rss-drift (default 5%): the mean of the last tenth
   of the post-warm-up samples against the mean of its first tenth (warm-up: the first
   --warmup fraction of the run, default 20%); open fds and threads end within
@@ -22,6 +24,15 @@ Passes when, after the run:
 - every greedy probe answered exactly the reference;
 - the server stayed healthy, and exits 0 on SIGTERM.
 The summary (also as JSON with --json FILE) states the drift measured.
+
+The KV pool is a bounded structure that may fill on purpose: its pages are touched as blocks
+are first used, and the prefix cache keeps finished requests' full blocks until the pool needs
+the room (README, "Prefix caching"), so under varied long prompts the worker's RSS may climb
+to the model plus the KV budget and stay there. The soak sets a small budget (--kv-budget-mb,
+default 16 MiB) so that this bound is reached early whatever the traffic; growth beyond it is
+a leak. (The pool hands out its lowest free blocks first, so what it touches is its peak
+use, not a walk over the whole budget: before that fix this soak saw +95% over 2 minutes.)
+The summary reports the prefix cache's hits, evictions and cached blocks.
 """
 from __future__ import annotations
 
@@ -46,7 +57,11 @@ from live_server import LiveServer, summed  # noqa: E402
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/api/v0/chat/completions",
                      "/api/v0/completions", "/generate", "/generate/speculative", "/generate/tree_speculative")
 SPECULATIVE = {"draft_loops": 1, "verify_loops": 4, "draft_ahead": 3}
-PROMPTS = ("The looped transformer", "Once upon a time", "Hello", "A", "Weights shared across loops")
+# Two prompts of ~200 tokens sharing their first ~190 (full 64-row blocks): the prefix cache
+# serves them from the second request on, so probes on them check cached answers too.
+SHARED_PREFIX = "Weights shared across loops make depth a choice per request. " * 6
+PROMPTS = ("The looped transformer", "Once upon a time", "Hello", "A", "Weights shared across loops",
+           SHARED_PREFIX + "So how deep", SHARED_PREFIX + "Tell me why")
 
 
 def traffic_kinds() -> list[tuple[str, dict]]:
@@ -65,9 +80,15 @@ def traffic_kinds() -> list[tuple[str, dict]]:
 
 def probes() -> list[tuple[str, dict]]:
     """Greedy requests whose answers must never change (one per mode and API family)."""
-    return [(route, {**body, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 24, "temperature": 0})
-            if "messages" not in body else (route, {**body, "max_tokens": 24, "temperature": 0})
-            for i, (route, body) in enumerate(traffic_kinds())]
+    found = []
+    for i, (route, body) in enumerate(traffic_kinds()):
+        greedy = {**body, "max_tokens": 24, "temperature": 0}
+        if "messages" in body:
+            found.append((route, greedy))
+        else:                                  # a short prompt, and a long one the prefix cache serves
+            found += [(route, {**greedy, "prompt": PROMPTS[i % 5]}),
+                      (route, {**greedy, "prompt": PROMPTS[5 + i % 2]})]
+    return found
 
 
 def probe_answer(client: httpx.Client, server: LiveServer, route: str, body: dict) -> str | list:
@@ -214,7 +235,8 @@ def soak(args) -> tuple[dict, list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "soak.tinyloop"
         make_test_model(path, "tiny-looped", seed=0, eos_token_ids=(), max_seq_len=512)
-        with LiveServer(path, env={"TINYLOOP_MAX_WAITING": str(args.max_waiting)}) as server:
+        env = {"TINYLOOP_MAX_WAITING": str(args.max_waiting), "TINYLOOP_KV_BUDGET_MB": str(args.kv_budget_mb)}
+        with LiveServer(path, env=env) as server:
             with httpx.Client() as client:
                 references = [probe_answer(client, server, route, body) for route, body in probes()]
             started = time.monotonic()
@@ -257,12 +279,20 @@ def soak(args) -> tuple[dict, list[str]]:
                                                   "completed": completed, "cancelled": cancelled, "failed": failed,
                                                   "refused": refused,
                                                   "disconnects": values["tinyloop_client_disconnects_total"]},
+               "kv_pool": {"budget_mb": args.kv_budget_mb,
+                           "prefix_cache_evictions": values.get("tinyloop_prefix_cache_evictions_total", 0),
+                           "prefix_cache_hit_tokens": values.get('tinyloop_prefix_cache_lookups_total{outcome="hit"}', 0),
+                           "cached_blocks_at_end": values.get("tinyloop_prefix_cache_blocks", 0)},
                "drift": measured, "exit_status": exit_status}
     if requests != completed + cancelled + refused:
         problems.append(f"metrics do not add up: {requests:.0f} requests != {completed:.0f} completed + "
                         f"{cancelled:.0f} cancelled + {refused:.0f} refused")
     if values["tinyloop_admitted_total"] != completed + cancelled + failed:
         problems.append("admitted generations not all settled")
+    held = values.get('tinyloop_kv_blocks{state="held"}', 0)
+    if held or values.get("tinyloop_kv_reserved_blocks", 0):
+        problems.append(f"the KV pool still holds {held:.0f} block(s) and "
+                        f"{values.get('tinyloop_kv_reserved_blocks', 0):.0f} reserved with nothing running")
     if failed:
         problems.append(f"{failed:.0f} generation(s) failed")
     if tally.probe_mismatches:
@@ -300,6 +330,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rss-drift", type=float, default=0.05, help="RSS drift bound after warm-up (0.05)")
     parser.add_argument("--fd-slack", type=int, default=8, help="allowed growth of open fds (8)")
     parser.add_argument("--thread-slack", type=int, default=2, help="allowed growth of threads (2)")
+    parser.add_argument("--kv-budget-mb", type=int, default=16,
+                        help="TINYLOOP_KV_BUDGET_MB (default 16: the pool fills during warm-up)")
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between samples (2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write the summary here")

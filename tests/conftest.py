@@ -76,13 +76,16 @@ def granian_started(monkeypatch):
 
 # -- the exactness matrix's reduced set (scripts/exactness_matrix.py) --------------------------
 def pytest_addoption(parser):
+    parser.addoption("--exactness-full", action="store_true",
+                     help="run every case of the sweeps marked exactness(sample=N); without it only every "
+                          "N-th runs (the reduced set; scripts/exactness_matrix.py runs the full set under this "
+                          "CPU's own kernels and the reduced set under every other configuration)")
     parser.addoption("--exactness-reduced", action="store_true",
-                     help="of each sweep marked exactness(sample=N), run every N-th case only "
-                          "(the reduced set scripts/exactness_matrix.py runs under each extra BLAS core type)")
+                     help="the reduced set (the default; kept for scripts that name it)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--exactness-reduced"):
+    if config.getoption("--exactness-full"):
         return
     kept, dropped, seen = [], [], {}
     for item in items:

@@ -282,6 +282,15 @@ BAD_ARGUMENTS = [
     (["--llama-python", "/nonexistent-python"], "--llama-python /nonexistent-python: not an executable"),
     # a missing checkout used to fall back to the installed tinyloop: this code measured as its own baseline
     (["--baseline", "/nonexistent-checkout"], "not a TinyLoop checkout"),
+    (["--concurrency", "0"], "--concurrency: expected a whole number >= 1"),
+    (["--concurrency", "2", "x"], "--concurrency: expected a whole number >= 1"),
+    (["--chat-turns", "1"], "--chat-turns: expected a whole number >= 2"),
+    (["--long-prompt", "0"], "--long-prompt: expected a whole number >= 1"),
+    (["--interference-streams", "-1"], "--interference-streams: expected a whole number >= 0"),
+    (["--serving-only"], "--serving-only needs --concurrency or --chat-turns"),
+    (["--concurrency", "1", "--long-prompt", "600"], "must fit the model's context of 512 tokens"),
+    (["--concurrency", "1", "--context", "400", "--decode-tokens", "100"], "must fit the model's context of 512"),
+    (["--chat-turns", "2", "--system-tokens", "600"], "need about"),
 ]
 
 
@@ -337,3 +346,158 @@ def test_machine_line_without_threadpoolctl_still_names_a_forced_kernel_set():
     assert one_line(machine).endswith("numpy 2.0")
     machine["blas"] = {"library": "openblas", "version": "0.3.27", "kernels": "SkylakeX"}
     assert "openblas 0.3.27 SkylakeX kernels" in one_line(machine)
+
+
+# -- the serving scenarios (--concurrency, --chat-turns) -----------------------------------
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """Both serving scenarios on the tiny preset, tiny token counts, one round; a GGUF that
+    exists but a llama-server that does not: llama-server is reported as skipped."""
+    folder = tmp_path_factory.mktemp("serving")
+    gguf = folder / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    run = bench("preset:tiny-looped", "--serving-only", "--cache-dir", str(folder), "--concurrency", "1", "2",
+                "--decode-tokens", "4", "--context", "16", "--long-prompt", "150", "--interference-streams", "1",
+                "--chat-turns", "2", "--system-tokens", "80", "--rounds", "1", "--settle", "0", "--quick", "--json",
+                "--gguf", str(gguf), "--llama-server", str(folder / "no-such-llama-server"), timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_serving_only_skips_the_other_sections(serving):
+    assert "figures" not in serving and serving["http"] == {"status": "skipped", "reason": "--serving-only"}
+    assert serving["sections"]["concurrency"]["status"] == "measured"
+    assert serving["sections"]["chat"]["status"] == "measured"
+
+
+def test_concurrency_sweep_has_sane_numbers(serving):
+    section = serving["concurrency"]
+    assert section["problems"] == [], section["problems"]
+    assert [level["concurrency"] for level in section["levels"]] == [1, 2]
+    for level in section["levels"]:
+        assert set(level["servers"]) == {"tinyloop", "tinyloop_1"}             # no llama-server
+        for server in level["servers"].values():
+            assert server["statuses"] == [{"200": level["concurrency"]}] and server["unattributed_tokens"] == 0
+            assert server["prompt_tokens"] > 16                                  # the text and the chat template
+            assert server["tokens_per_s"]["median"] > 0 and len(server["tokens_per_s"]["runs"]) == 1
+            assert 0 < server["ttft_p50_ms"]["median"] <= server["ttft_p99_ms"]["median"]
+            assert 0 <= server["itl_p50_ms"]["median"] <= server["itl_p99_ms"]["median"]
+        ratios = level["ratios"]["tinyloop / tinyloop_1"]
+        assert ratios["tokens_per_s"]["median"] == pytest.approx(level["servers"]["tinyloop"]["tokens_per_s"]["median"]
+                                                                 / level["servers"]["tinyloop_1"]["tokens_per_s"]
+                                                                 ["median"])
+        assert "tinyloop / llama_server" not in level["ratios"]
+    assert section["levels"][0]["ratios"]["tinyloop / tinyloop_1"]["tokens_per_s"]["median"] == 1.0   # the same runs
+    how = section["settings"]["tinyloop_end_of_sequence"]
+    assert how.startswith(("ignore_eos", "logit_bias -100"))
+
+
+def test_interference_is_measured(serving):
+    interference = serving["concurrency"]["interference"]
+    assert interference["status"] == "measured" and interference["streams"] == 1
+    mine = interference["servers"]["tinyloop"]
+    assert mine["long_ttft_ms"]["median"] > 0 and mine["long_prompt_tokens"][0] >= 150
+    assert mine["window_gaps"][0] >= 1 and mine["itl_window_p50_ms"]["median"] <= mine["itl_window_max_ms"]["median"]
+    assert mine["streams_ended_early"] == [0] and "ratios" not in interference
+
+
+def test_chat_turns_hit_the_prefix_cache_only_when_it_is_on(serving):
+    chat = serving["chat"]
+    assert chat["problems"] == [], chat["problems"]
+    cached, cold = chat["servers"]["tinyloop_cache"], chat["servers"]["tinyloop_cold"]
+    assert [t["turn"] for t in cached["turns"]] == [1, 2]
+    assert cached["turns"][0]["cached_tokens"] == 0 < cached["turns"][1]["cached_tokens"]
+    assert cached["turns"][1]["cached_tokens"] < cached["turns"][1]["prompt_tokens"]
+    assert all(t["cached_tokens"] == 0 for t in cold["turns"])
+    assert cached["turns"][1]["prompt_tokens"] > cached["turns"][0]["prompt_tokens"]   # the conversation grows
+    assert cached["second_question"]["first_cached_tokens"] == 0 < cached["second_question"]["later_cached_tokens"]
+    assert cold["second_question"]["later_cached_tokens"] == 0
+    for server in (cached, cold):
+        assert all(t["ttft_ms"]["median"] > 0 for t in server["turns"])
+    assert set(chat["ratios"]) == {"tinyloop_cache / tinyloop_cold"} and len(chat["ratios"][
+        "tinyloop_cache / tinyloop_cold"]["turns"]) == 2
+
+
+def test_a_missing_llama_server_is_skipped_with_how_to_build_it(serving):
+    for where in (serving["sections"]["llama-server"], serving["concurrency"]["llama_server"],
+                  serving["chat"]["llama_server"]):
+        assert where["status"] == "skipped"
+        assert "no-such-llama-server: not an executable file" in where["reason"]
+        assert "scripts/build_llama_server.sh" in where["reason"]
+
+
+def test_serving_tables_render(serving):
+    text = render(serving)
+    assert "serving, concurrency sweep" in text and "aggregate tokens/s (all streams)" in text
+    assert "TinyLoop(N) / TinyLoop(1)" in text and "long-prompt interference: 1 streams running" in text
+    assert "multi-turn chat: time to first token per turn" in text and "a second question" in text
+    assert "llama-server: skipped — --llama-server" in text
+    markdown = render(serving, markdown=True)
+    assert "| N | TinyLoop (max_running N) |" in markdown and "| turn | prompt tokens |" in markdown
+
+
+def test_llama_server_is_looked_for_on_path_then_where_the_script_installs_it(tmp_path, monkeypatch):
+    from tinyloop.bench.serving import llama_server
+    assert "needs --gguf" in llama_server.locate(None, None)["reason"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    missing = llama_server.locate(None, "model.gguf")
+    assert missing["status"] == "skipped" and str(tmp_path / "tinyloop" / "llama-server" / "llama-server") in \
+        missing["reason"] and "build_llama_server.sh" in missing["reason"]
+    binary = llama_server.installed_path()
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\necho 'version: 4242 (abcdef)' >&2\n")
+    binary.chmod(0o755)
+    found = llama_server.locate(None, "model.gguf")
+    assert found == {"status": "found", "path": str(binary), "version": "4242 (abcdef)"}
+
+
+async def _serve_chat_stream(reader, writer):
+    """A stand-in chat server: a role chunk, then content: one token, two tokens (logprobs
+    say so), one token, then usage saying 5 tokens (one no event accounted for)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(
+        b"content-length")][0])
+    await reader.readexactly(length)
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    def send(data: bytes):
+        event = b"data: " + data + b"\n\n"
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+    send(b'{"choices": [{"delta": {"role": "assistant"}}]}')
+    await writer.drain()
+    await asyncio.sleep(0.05)                                # the role chunk is not the first token
+    for data, pause in ((b'{"choices": [{"delta": {"content": "a"}}]}', 0.02),
+                        (b'{"choices": [{"delta": {"content": "bc"}, "logprobs": {"content": [{}, {}]}}]}', 0.02),
+                        (b'{"choices": [{"delta": {"content": "d"}}]}', 0)):
+        send(data)
+        await writer.drain()
+        await asyncio.sleep(pause)
+    send(b'{"choices": [], "usage": {"completion_tokens": 5, "prompt_tokens": 3, '
+         b'"prompt_tokens_details": {"cached_tokens": 2}}}')
+    send(b"[DONE]")
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+def test_streamed_tokens_are_timed_and_counted_not_chunks():
+    from tinyloop.bench.serving.streaming import burst_figures, run_streams
+
+    async def scenario():
+        server = await asyncio.start_server(_serve_chat_stream, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await run_streams("127.0.0.1", port, "k", "/v1/chat/completions", [{}])
+        finally:
+            server.close()
+    (record,), wall = asyncio.run(scenario())
+    assert record.status == 200 and record.text == ["a", "bc", "d"]
+    assert record.ttft_s >= 0.04                                 # measured to "a", not to the role chunk
+    assert record.counted_tokens == 4 and record.tokens == 5 and record.unattributed_tokens == 1
+    assert record.cached_tokens == 2 and record.usage["prompt_tokens"] == 3
+    gaps = record.gaps()
+    assert len(gaps) == 3 and gaps[0] == gaps[1] and gaps[0] + gaps[1] >= 0.015      # "bc": one gap spread over two
+    figures = burst_figures([record], wall)
+    assert figures["tokens"] == 5 and figures["unattributed_tokens"] == 1 and figures["gaps"] == 3
+    assert figures["ttft_p50_ms"] == figures["ttft_p99_ms"] == pytest.approx(1000 * record.ttft_s)

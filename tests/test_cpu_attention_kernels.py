@@ -329,3 +329,36 @@ def test_the_fp16_mode_stores_half_bits_in_two_bytes_a_value():
     assert bytes_per_row("fp16", 2, 64) == 2 * 2 * 64 * 2
     assert numpy_bytes_per_row("fp16", 2, 64) > 2 * bytes_per_row("fp16", 2, 64) - 64
     assert CpuBackend().kv_bytes_per_row("fp16", 2, 64) == bytes_per_row("fp16", 2, 64)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_several_caches_in_one_call_give_each_query_its_bits_alone(mode):
+    """attend_many over three caches' queries (a decode row, a window over a ring, a draft tree)
+    in one pool == attend over each cache alone, bit for bit, whatever the split and tile."""
+    rng = np.random.default_rng(41 + MODES.index(mode))
+    n_kv, head_dim, rows = 2, 32, 320
+    pool = PoolStorage(mode, n_kv, 64 * 16, head_dim)
+    ids = rng.permutation(15) + 1
+    caches = [KVStorage(pool, ids[5 * i:5 * i + 5].astype(np.int32)[None]) for i in range(3)]
+    for cache in caches:
+        keys, values = (rng.standard_normal((rows, n_kv, head_dim)).astype(F) for _ in range(2))
+        kv_write(cache, 0, np.arange(rows), keys, values)
+    positions, path_rows, plan = tree_plan(rng, rows, 150, 12)
+    contexts = [kernel.Context(np.array([200]), cache_rows=rows),
+                kernel.Context(np.arange(230, 250), window=70, ring_blocks=5, cache_rows=rows),
+                kernel.Context(positions, shared_end=plan.attention.shared_end, tail_rows=plan.attention.tail_rows,
+                               cache_rows=rows)]
+    q = rng.standard_normal((sum(len(c.positions) for c in contexts), 4, head_dim)).astype(F)
+    bits, group_len, rotate = kernel_bits(mode), group_size(head_dim), mode == "int4-h"
+    alone, start = [], 0
+    for cache, c in zip(caches, contexts):
+        n = len(c.positions)
+        alone.append(kernel.attend(q[start:start + n], bits, group_len, pool.keys, pool.values, cache.table[0],
+                                   c.positions, c.window, c.ring_blocks, c.shared_end, c.tail_rows, 0.3, rotate))
+        start += n
+    alone = np.concatenate(alone)
+    for split in (False, True):
+        for tile in (1, 4, 16):
+            together = kernel.attend_many(q, bits, group_len, pool.keys, pool.values, contexts,
+                                          [c.table[0] for c in caches], 0.3, rotate, split=split, tile=tile)
+            assert np.array_equal(together, alone), (split, tile)

@@ -41,7 +41,7 @@ KEY = "deploy-e2e-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 REPLICAS = 3
 MAX_WAITING = 2
-SLOTS = 1 + MAX_WAITING                       # per replica: one running, MAX_WAITING waiting
+SLOTS = 1 + MAX_WAITING                       # per replica: one running (--max-running 1), MAX_WAITING waiting
 DRAIN_TIMEOUT = 10.0                          # seconds a stopping replica lets admitted work run
 CONTEXT = 8192
 HOLD = {"prompt": "Hi", "max_tokens": 8000, "loops": 8, "stream": True}   # tens of seconds of work
@@ -193,7 +193,7 @@ def start_replica(name: str, model: Path, directory: Path) -> Replica:
     # process group so that the test can kill Granian's main process and its worker together.
     process = subprocess.Popen(
         [sys.executable, "-m", "tinyloop.cli", "serve", "--model", str(model), "--host", "127.0.0.1",
-         "--port", str(port), "--max-waiting", str(MAX_WAITING)],
+         "--port", str(port), "--max-running", "1", "--max-waiting", str(MAX_WAITING)],
         cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     return Replica(name, port, process, log)
 

@@ -21,15 +21,22 @@ x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or n
 
 
 def test_plan_runs_what_the_cpu_executes_and_names_what_it_lacks(monkeypatch):
-    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS)
+    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS | {"bmi2", "f16c"})
+    monkeypatch.setattr(matrix, "dispatch_targets", lambda: ["X86_V2", "X86_V3"])
     configs = {c.name: c for c in matrix.plan(full=False)}
     first = next(iter(configs.values()))
     assert first.env == {} and not first.reduced                       # the CPU's own kernels: the full set
-    assert configs["Haswell"].env == {"OPENBLAS_CORETYPE": "Haswell"} and configs["Haswell"].reduced
-    assert configs["Prescott"].skipped == "" and configs["Sandybridge"].skipped == ""
-    assert "avx512f" in configs["SkylakeX"].skipped and "avx512_bf16" in configs["Cooperlake"].skipped
+    # every compile target paired with the core type of its instruction set, each once
+    assert configs["haswell + Haswell"].env == {"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell"}
+    assert configs["haswell + Haswell"].reduced
+    assert configs["generic + Prescott"].env == {"NUMBA_CPU_NAME": "generic", "OPENBLAS_CORETYPE": "Prescott"}
+    assert configs["nehalem + Nehalem"].skipped == "" and configs["sandybridge + Sandybridge"].skipped == ""
+    assert "avx512f" in configs["skylake-avx512 + SkylakeX"].skipped
+    assert "avx512_bf16" in configs["icelake-server + Cooperlake"].skipped
     assert not matrix.plan(full=True)[4].reduced
-    # fp16 activations: the exactness rule with half linear inputs, under the CPU's own kernels
+    # the NumPy reference backend on NumPy's baseline SIMD, and fp16 activations
+    assert configs["NumPy reference backend"].env == {"TINYLOOP_CPU_KERNELS": "numpy",
+                                                      "NPY_DISABLE_CPU_FEATURES": "X86_V2 X86_V3"}
     assert configs["fp16 activations"].env == {"TINYLOOP_ACTIVATIONS": "fp16"} and configs["fp16 activations"].reduced
 
 
@@ -72,7 +79,7 @@ def test_the_reduced_set_samples_the_marked_sweeps_and_keeps_the_rest():
                               "-m", "exactness", "tests/test_speculative.py", "tests/test_layout_invariance.py", *extra],
                              cwd=SCRIPT.parent.parent, capture_output=True, text=True)
         return {line for line in out.stdout.splitlines() if "::" in line}
-    full, reduced = collected(), collected("--exactness-reduced")
+    full, reduced = collected("--exactness-full"), collected()          # the reduced set is the default
     sweep = "tests/test_speculative.py::test_greedy_speculation_equals_plain_generation"
     assert {t for t in reduced if t.startswith(sweep)} == {f"{sweep}[{b}]" for b in (0, 2, 4, 6, 8)}
     assert {t for t in full if t.startswith(sweep)} == {f"{sweep}[{b}]" for b in range(10)}
@@ -81,9 +88,10 @@ def test_the_reduced_set_samples_the_marked_sweeps_and_keeps_the_rest():
 
 
 def test_the_fp16_configuration_is_not_taken_for_a_repeat_of_the_same_kernels(monkeypatch, capsys):
-    """Configurations whose OpenBLAS kernels and SIMD match one already run are skipped, but the
-    fp16-activations one runs the same kernels on purpose: it must still run."""
-    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS)
+    """Configurations whose kernels, SIMD and settings all match one already run are skipped;
+    ones that differ in a setting of ours (the numba target, fp16 activations, the backend)
+    run even where OpenBLAS loads the same kernels."""
+    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS | {"bmi2", "f16c"})
 
     def same_kernels_everywhere(config):
         config.kernels, config.simd = "Haswell", "X86_V3"
@@ -91,6 +99,6 @@ def test_the_fp16_configuration_is_not_taken_for_a_repeat_of_the_same_kernels(mo
     monkeypatch.setattr(matrix.sys, "argv", ["exactness_matrix.py", "--list"])
     matrix.main()
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
-    fp16 = next(line for line in lines if line.startswith("fp16 activations"))
-    haswell = next(line for line in lines if line.startswith("Haswell"))
-    assert "would run" in fp16 and "skipped" in haswell, (fp16, haswell)
+    for name in ("fp16 activations", "haswell + Haswell", "generic + Prescott", "NumPy reference backend"):
+        line = next(line for line in lines if line.startswith(name))
+        assert "would run" in line, line

@@ -212,3 +212,18 @@ def test_the_engine_serves_cached_prefixes_to_concurrent_requests(loaded):
         assert engine_results(off, requests) == solo and off.prefix is None
     finally:
         off.stop()
+
+
+def test_the_pool_hands_out_its_lowest_free_blocks_first(loaded):
+    """The pool's pages are touched as blocks are first used, so the resident set is the
+    highest block ever handed out: freed blocks must be handed out again before untouched
+    ones (kv/pool.py), or a long-running server walks, and keeps resident, its whole budget."""
+    model = loaded.model
+    pool = KVPool.for_model(model, 8 * KVPool.for_model(model, 1 << 20).block_bytes)
+    pool.reserve(5)
+    first = pool.allocate(5)
+    assert sorted(first) == [1, 2, 3, 4, 5]
+    pool.release(first[[3, 1]])                      # blocks 4 and 2 come back
+    pool.reserve(3)
+    again = pool.allocate(3)
+    assert sorted(again) == [2, 4, 6]

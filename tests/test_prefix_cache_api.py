@@ -70,6 +70,8 @@ def test_metrics_show_the_engine_and_its_kv_blocks(app):
     idle = metric(app, "tinyloop_kv_blocks", state="cached_idle")
     assert free > 0 and idle > 0 and metric(app, "tinyloop_kv_blocks", state="held") == 0     # nothing runs now
     assert metric(app, "tinyloop_kv_block_bytes") > 0 and metric(app, "tinyloop_generations_running") == 0
+    finished = sum(n for n in app.state.metrics.generations.values())
+    assert metric(app, "tinyloop_queue_seconds_count") == finished and metric(app, "tinyloop_queue_seconds_sum") >= 0
 
 
 def test_the_cache_turned_off_reuses_nothing(model_path):

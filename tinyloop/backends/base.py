@@ -163,6 +163,21 @@ class Backend(abc.ABC):
     def attention(self, q, storage, slot: int, plan, scale: float):
         """q: (T, H, hd) -> (T, H, hd), reading the storage directly as the plan says."""
 
+    def kv_write_parts(self, keys, values, parts: list, holder: dict) -> None:
+        """kv_write for several caches' rows of one layer call: parts [(start, stop, storage, slot,
+        plan)] own rows [start, stop) of keys and values (T, n_kv, hd). holder: a dict the
+        forward's layers share (what a backend works out once). By default one call per part."""
+        for start, stop, storage, slot, plan in parts:
+            self.kv_write(storage, slot, plan, keys[start:stop], values[start:stop])
+
+    def attention_parts(self, q, parts: list, scale: float, holder: dict):
+        """attention for several caches' queries of one layer call (parts as kv_write_parts'):
+        -> (T, H, hd), each query's bits those of attention() over its own cache alone. By
+        default one call per part."""
+        outputs = [self.attention(q[start:stop], storage, slot, plan, scale) for start, stop, storage, slot, plan
+                   in parts]
+        return outputs[0] if len(outputs) == 1 else self.xp.concatenate(outputs)
+
     @abc.abstractmethod
     def kv_copy_rows(self, storage, source: np.ndarray, target: np.ndarray) -> None:
         """Copy physical rows source[i] -> target[i] in every slot, keys and values (one

@@ -54,3 +54,37 @@ class Meter:
         if total > 0:
             self.share = max(0.0, (busy - (ours - self.start[1])) / total)
         return False
+
+
+def _group_members(groups: set) -> list:
+    """Pids of the processes whose process group is one of `groups` (a server started in a
+    session of its own and its worker processes)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) in groups:
+                members.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
+class GroupMeter(Meter):
+    """Meter for runs against servers: ours = this process and every process of the
+    servers' process groups (pgids), so only other processes count as disturbance."""
+
+    def __init__(self, pgids):
+        self.groups = set(pgids)
+        self.share = None
+
+    def __enter__(self):
+        self.pids = tuple(_group_members(self.groups)) + (os.getpid(),)
+        return super().__enter__()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tinyloop.argtypes import non_negative_seconds, positive_int
+from tinyloop.argtypes import non_negative_int, non_negative_seconds, positive_int
 from tinyloop.backends.select import DEVICES
 from tinyloop.errors import TinyLoopError
 
@@ -24,6 +24,24 @@ runs the same prompts and token counts beside TinyLoop on that GGUF, greedy, and
 figure gets the ratio TinyLoop / llama.cpp. Unless --no-http, a tiny random model is
 served by `tinyloop serve` and by a FastAPI + uvicorn + sse-starlette app calling the
 same engine, under the same bounded load on loopback (needs the `bench` extra).
+
+Serving scenarios, over HTTP on MODEL (each runs only when its flag is given;
+--serving-only runs them alone, without the figures above):
+  --concurrency N [N ...]  for each N, `tinyloop serve` at TINYLOOP_MAX_RUNNING=N, one at
+      TINYLOOP_MAX_RUNNING=1 and (with --gguf and a llama-server binary) llama-server -np N
+      take turns answering N concurrent streamed chat completions: greedy, end of sequence
+      ignored, --decode-tokens tokens each (default 64), prompts of about --context tokens
+      (default 128). Aggregate tokens/s, time to first token and inter-token latency
+      p50/p99, with TinyLoop(N) / TinyLoop(1) and TinyLoop(N) / llama-server(N). Then
+      --interference-streams K streams (default 7) run and a --long-prompt request (default
+      4000 tokens) joins: the running streams' inter-token latency until its first token.
+  --chat-turns N  a conversation of N turns on a --system-tokens system prompt (default
+      1500), time to first token per turn with TinyLoop's prefix cache, without it
+      (TINYLOOP_PREFIX_CACHE=0) and on llama-server with its prompt cache; then N
+      one-question conversations on one system prompt (question 1 cold, the rest cached).
+llama-server: --llama-server PATH, else `llama-server` on PATH, else where
+scripts/build_llama_server.sh installs it; without one (or without --gguf) it is reported
+as skipped, with how to build it.
 
 MODEL: a .tinyloop file, `preset:NAME` for a seeded random preset (written once to
 --cache-dir), or nothing for the default model (pulled on first use)."""
@@ -58,11 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lengths", type=positive_int, nargs="+", default=None, metavar="N",
                         help="prefill prompt lengths (default 32 128 512, quick 32 128)")
     parser.add_argument("--context", type=positive_int, default=None, metavar="N",
-                        help="prompt tokens before generation (default 128, quick 64)")
+                        help="prompt tokens before generation (default 128, quick 64; also the "
+                             "--concurrency prompts' length)")
     parser.add_argument("--long-context", type=positive_int, default=None, metavar="N",
                         help="also decode after an N-token prompt (e.g. 4096: long-context decode beside llama.cpp)")
     parser.add_argument("--decode-tokens", type=positive_int, default=None, metavar="N",
-                        help="tokens per generation (default 64, quick 16)")
+                        help="tokens per generation (default 64, quick 16; also per --concurrency stream)")
     parser.add_argument("--loops", type=int, nargs="+", default=None, metavar="N",
                         help="loop counts for decode (default: the model's fewest, default and up to twice default)")
     parser.add_argument("--speculative", type=_setting, action="append", default=None, metavar="D,V,AHEAD,K",
@@ -73,6 +92,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also measure these KV cache modes ({', '.join(KV_MODES)})")
     parser.add_argument("--device", default=None, type=str.lower, choices=DEVICES,
                         help="TinyLoop's device: auto, cpu or cuda (default: $TINYLOOP_DEVICE or auto)")
+    serving = parser.add_argument_group("serving scenarios (over HTTP, beside llama-server)")
+    serving.add_argument("--concurrency", type=positive_int, nargs="+", default=None, metavar="N",
+                         help="concurrency sweep: N concurrent streams at TINYLOOP_MAX_RUNNING=N, against "
+                              "TINYLOOP_MAX_RUNNING=1 and llama-server -np N (e.g. 1 2 4 8 16)")
+    serving.add_argument("--interference-streams", type=non_negative_int, default=7, metavar="K",
+                         help="with --concurrency: K running streams, then one long prompt joins "
+                              "(default 7; 0 skips it)")
+    serving.add_argument("--long-prompt", type=positive_int, default=4000, metavar="N",
+                         help="tokens of the prompt that joins the running streams (default 4000)")
+    serving.add_argument("--chat-turns", type=_turns, default=None, metavar="N",
+                         help="multi-turn chat: time to first token per turn, prefix cache on and off (N >= 2)")
+    serving.add_argument("--system-tokens", type=positive_int, default=1500, metavar="N",
+                         help="tokens of the chat scenarios' system prompt (default 1500)")
+    serving.add_argument("--llama-server", metavar="PATH",
+                         help="llama.cpp's llama-server binary (default: llama-server on PATH, else "
+                              "~/.cache/tinyloop/llama-server/llama-server from scripts/build_llama_server.sh)")
+    serving.add_argument("--serving-only", action="store_true",
+                         help="only the serving scenarios: no engine figures, no HTTP layer comparison")
     parser.add_argument("--cache-dir", default=os.environ.get("TMPDIR", "/tmp"), metavar="DIR",
                         help="where preset:NAME models are written (default $TMPDIR or /tmp)")
 
@@ -85,6 +122,17 @@ def _setting(text: str) -> tuple:
     if len(values) != 4:
         raise argparse.ArgumentTypeError(f"expected D,V,AHEAD,K (four integers), got {text!r}")
     return values
+
+
+def _turns(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 2 (turn 1 has nothing cached to compare), "
+                                         f"got {text!r}")
+    return value
 
 
 def resolve_model(name: str | None, cache_dir: str) -> str:
@@ -122,6 +170,12 @@ def run(args) -> int:
         check_matplotlib()                       # before minutes of measuring, not after
     if args.no_http and args.http_only:
         raise TinyLoopError("--no-http and --http-only exclude each other")
+    serving = bool(getattr(args, "concurrency", None) or getattr(args, "chat_turns", None))
+    if getattr(args, "serving_only", False):
+        if args.http_only:
+            raise TinyLoopError("--serving-only and --http-only exclude each other")
+        if not serving:
+            raise TinyLoopError("--serving-only needs --concurrency or --chat-turns")
     check_paths(args)
     if args.load:
         try:
@@ -133,11 +187,27 @@ def run(args) -> int:
     arguments = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     report = {"tinyloop": __version__, "arguments": arguments,
               "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)), "machine": describe()}
-    if not args.http_only:
-        report.update(engine_section(args, resolve_model(args.model, args.cache_dir)))
-    report["http"] = ({"status": "skipped", "reason": "--no-http"} if args.no_http else
-                      http_comparison(args.quick, args.rounds or (3 if args.quick else 5)))
+    model = None
+    plan = None
+    if serving:
+        from tinyloop.bench.serving.plan import serving_plan
+        model = resolve_model(args.model, args.cache_dir)
+        plan = serving_plan(args, model)                # refused here, before minutes of measuring
+    if not args.http_only and not getattr(args, "serving_only", False):
+        report.update(engine_section(args, model or resolve_model(args.model, args.cache_dir)))
+    if getattr(args, "serving_only", False):
+        report["http"] = {"status": "skipped", "reason": "--serving-only"}
+    else:
+        report["http"] = ({"status": "skipped", "reason": "--no-http"} if args.no_http else
+                          http_comparison(args.quick, args.rounds or (3 if args.quick else 5)))
     sections = report.setdefault("sections", {})
+    if plan is not None:
+        from tinyloop.bench.serving.plan import run_serving
+        report.update(run_serving(plan))
+        for name in ("concurrency", "chat"):
+            if name in report:
+                sections[name] = {k: v for k, v in report[name].items() if k in ("status", "reason")}
+        sections["llama-server"] = plan.llama_status(report)
     if "llama.cpp" in report.get("engines", {}):
         sections["llama.cpp"] = {k: v for k, v in report["engines"]["llama.cpp"].items() if k in ("status", "reason")}
     sections["http"] = {k: v for k, v in report["http"].items() if k in ("status", "reason")}

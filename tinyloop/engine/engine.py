@@ -66,6 +66,8 @@ class Submission:
     sequence: Sequence | None = None
     submitted: float = field(default_factory=time.perf_counter)
     queue_s: float = 0.0                   # submitted -> admitted
+    loops: int = 0                         # what check_request gave (checked once, at submit)
+    blocks: int = 0                        # KV pool blocks its cache reserves
 
     def emit(self, kind: str, payload) -> None:
         if self.on_event is not None:
@@ -124,8 +126,9 @@ class Engine:
 
     def submit(self, request: GenerationRequest, on_event=None) -> Submission:
         """Validate and queue; RequestError for a bad request, QueueFull, EngineFailed."""
-        self.check(request)
-        submission = Submission(request, on_event)
+        loops = self.check(request)
+        submission = Submission(request, on_event, loops=loops,
+                                blocks=Sequence.cache_blocks(self.loaded.model, request, loops))
         with self._lock:
             if self.failure is not None:
                 raise EngineFailed(self.failure)
@@ -143,10 +146,13 @@ class Engine:
             self._lock.notify_all()
         return submission
 
-    def check(self, request: GenerationRequest) -> None:
-        """Everything that can be refused before queueing: the request and its KV cache size."""
+    def check(self, request: GenerationRequest) -> int:
+        """Everything that can be refused before queueing: the request and its KV cache size.
+        -> the loop count it runs at."""
         model = self.loaded.model
-        Sequence.check_cache(model, request, check_request(model, request), self.pool)
+        loops = check_request(model, request)
+        Sequence.check_cache(model, request, loops, self.pool)
+        return loops
 
     def cancel(self, submission: Submission) -> None:
         """The client left: forget the request if it waits, stop it if it runs."""
@@ -192,11 +198,9 @@ class Engine:
             admitted, promised = [], 0          # blocks the admitted will reserve when their caches are made
             while self._waiting and len(self._running) < self.max_running and not self._stopping:
                 head = self._waiting[0]
-                model = self.loaded.model
-                need = Sequence.cache_blocks(model, head.request, check_request(model, head.request))
-                if not self.pool.can_reserve(promised + need):
+                if not self.pool.can_reserve(promised + head.blocks):
                     break                       # first come, first served: what follows waits too
-                promised += need
+                promised += head.blocks
                 self._waiting.popleft()
                 self._running.append(head)
                 admitted.append(head)
@@ -217,7 +221,7 @@ class Engine:
                 self.loaded.model, submission.request, self.loaded.tokenizer, self.pool,
                 on_token=lambda token, text: submission.emit("token", (token, text)),
                 on_logprobs=lambda logprobs: submission.emit("logprobs", logprobs),
-                prefill_chunk=self.prefill_chunk)
+                prefill_chunk=self.prefill_chunk, checked_loops=submission.loops)
             submission.sequence.queue_s = submission.queue_s
         except RequestError as exc:
             self._finish(submission, ("error", exc))

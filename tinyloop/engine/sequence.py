@@ -30,13 +30,15 @@ from tinyloop.model.batch import run_passes
 
 class Sequence:
     def __init__(self, model, request: GenerationRequest, tokenizer=None, pool=None, on_token=None,
-                 on_logprobs=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 on_logprobs=None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, checked_loops: int | None = None):
         """on_token(token_id, text delta or None) is called for each generated token (not
         a stop token). Stop strings and text need the tokenizer; pool: the engine's KV pool,
-        in which the cache reserves its blocks now (None: a pool of its own)."""
+        in which the cache reserves its blocks now (None: a pool of its own). checked_loops:
+        the loop count check_request gave when the engine took the request (it and the pool
+        check are not done again)."""
         self.start = time.perf_counter()
         self.model, self.request = model, request
-        self.loops = check_request(model, request)
+        self.loops = check_request(model, request) if checked_loops is None else checked_loops
         if request.stop_strings and tokenizer is None:
             raise RequestError("stop strings need the model's tokenizer", "stop")
         prompt = list(request.prompt_ids)
@@ -45,7 +47,7 @@ class Sequence:
         text = TextStream(tokenizer, request.stop_strings) if tokenizer is not None else None
         self.sink = TokenSink(request.max_tokens, stop_ids(model, request), self.sampler, on_token, self.start, text,
                               on_logprobs)
-        if pool is not None:
+        if pool is not None and checked_loops is None:
             self.check_cache(model, request, self.loops, pool)
         self.decoder = self.decoder_for(request)(model, request, self.loops, self.sampler, self.sink, pool,
                                                  prefill_chunk)

@@ -21,8 +21,8 @@ arrays (backends/*/kvstore.py), for every kv head.
 """
 from __future__ import annotations
 
+import heapq
 import os
-from collections import deque
 
 import numpy as np
 
@@ -71,7 +71,10 @@ class KVPool:
         self.storage = backend.kv_pool(mode, n_kv, self.n_blocks * ATTENTION_BLOCK, head_dim)
         self.refs = np.zeros(self.n_blocks, np.int32)            # holders of each block
         self.refs[NULL_BLOCK] = 1                                # forever
-        self._free = deque(range(1, self.n_blocks))
+        # A min-heap: the lowest free block first. The pool's arrays are touched page by page
+        # as blocks are used (calloc), so handing out low blocks again keeps the resident set
+        # at the peak number of blocks in use, instead of walking the whole budget over time.
+        self._free = list(range(1, self.n_blocks))
         self.reserved = 0                                        # promised to caches, not yet allocated
         self.prefix = None                                       # a PrefixCache (kv/prefix.py) or None
 
@@ -138,7 +141,7 @@ class KVPool:
         while len(self._free) < n:
             if self.prefix is None or not self.prefix.evict_one():
                 raise RuntimeError("the KV pool's free list and reservations disagree")
-        ids = np.array([self._free.popleft() for _ in range(n)], np.int32)
+        ids = np.array([heapq.heappop(self._free) for _ in range(n)], np.int32)
         self.refs[ids] = 1
         self.reserved -= n
         self.backend.kv_init_blocks(self.storage, ids)
@@ -163,8 +166,8 @@ class KVPool:
             if self.refs[block] == 0:
                 if self.prefix is not None and self.prefix.keeps(int(block)):
                     continue
-                self._free.append(int(block))
+                heapq.heappush(self._free, int(block))
 
     def free_block(self, block: int) -> None:
         """A block the prefix cache lets go of (refs 0) back to the free list."""
-        self._free.append(int(block))
+        heapq.heappush(self._free, int(block))

@@ -171,12 +171,13 @@ def _run_alone(model, p: Pass) -> None:
 
 def _rows(passes: list, sizes: list, keep: bool = False) -> Rows:
     """The passes' rows, stacked in order; keep: the parts are the passes themselves, so a pass's
-    `kept` list receives the layers' keys and values (core layers only)."""
+    `kept` list receives the layers' keys and values (core layers only). Every Rows of one
+    forward shares the backend's prepared work (kept on the first pass's plan)."""
     parts, start = [], 0
     for p, n in zip(passes, sizes):
         parts.append((start, start + n, p if keep else LayerPart(p.plan, p.cache)))
         start += n
-    return Rows(parts)
+    return Rows(parts, passes[0].plan.prepared)
 
 
 def _prelude(model, passes: list) -> list:

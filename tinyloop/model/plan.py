@@ -63,7 +63,24 @@ class AttentionPlan:
     shared_end: int                # logical block where the per-query path blocks start
     shared_blocks: object          # physical blocks of the shared part: a slice, or (n_shared,) int array
     tail_rows: np.ndarray | None   # (T, n_tail * BLOCK) physical rows, or None
-    mask: BlockMask                # the keys each query must not see
+    first_block: int = 0           # the first logical block any query reads
+    positions: np.ndarray | None = None   # (T,) the queries' positions, and their lowest visible one
+    lowest: np.ndarray | None = None
+    _mask: BlockMask | None = None
+
+    @property
+    def mask(self) -> BlockMask:
+        """The keys each query must not see, for the blocks that hold any: worked out when first
+        asked for (the NumPy reference's attention; the compiled kernels test each key's
+        position themselves), since it costs O(queries x context) on the host."""
+        if self._mask is None:
+            end_block = self.first_block + self.n_shared + self.n_tail
+            key_pos = np.arange(self.first_block * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK).reshape(
+                self.n_shared + self.n_tail, ATTENTION_BLOCK)
+            visible = ((key_pos[None] <= self.positions[:, None, None])
+                       & (key_pos[None] >= self.lowest[:, None, None]))            # (T, n_blocks, BLOCK)
+            self._mask = block_mask(visible)
+        return self._mask
 
 
 @dataclass
@@ -161,13 +178,9 @@ def _attention_plan(positions: np.ndarray, geometry: Geometry, tree: TreeRows | 
     if n_tail:
         tail_rows = geometry.physical(
             _tail_rows(tree, positions, shared_end * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK))
-    key_pos = np.arange(first_block * ATTENTION_BLOCK, end_block * ATTENTION_BLOCK).reshape(
-        n_shared + n_tail, ATTENTION_BLOCK)
-    visible = ((key_pos[None] <= positions[:, None, None])
-               & (key_pos[None] >= lowest[:, None, None]))                   # (T, n_blocks, BLOCK)
     ring_blocks = geometry.ring // ATTENTION_BLOCK if geometry.ring else None
     return AttentionPlan(n_shared, n_tail, shared_end, _range(first_block, shared_end, ring_blocks), tail_rows,
-                         block_mask(visible))
+                         first_block, positions, lowest)
 
 
 def block_mask(visible: np.ndarray) -> BlockMask:
@@ -226,9 +239,13 @@ class Rows:
     .cache and .kept (a LayerPart, or a Pass of model/batch.py), rows [start, stop) its own,
     in order. backend.rope reads `rotation`: every part's RoPE rotations, stacked."""
 
-    def __init__(self, parts: list):
+    def __init__(self, parts: list, prepared: dict | None = None):
         self.parts = parts
         self._rotation = None
+        self._groups = {}
+        # what a backend works out once for these parts' attention and KV writes (shared by
+        # every Rows of one batched forward: model/batch.py)
+        self.prepared = {} if prepared is None else prepared
 
     @property
     def rotation(self):
@@ -245,9 +262,13 @@ class Rows:
         """[(exact, part indexes)]: the linear calls the rows need. One call for every row
         where the backend gives a bulk row its exact bits in any company, or where every part
         is exact; otherwise the exact parts together and each bulk (prefill) part alone."""
-        exact = [part.plan.exact for _, _, part in self.parts]
-        if bulk_is_exact or all(exact):
-            return [(all(exact), list(range(len(self.parts))))]
-        groups = [(False, [i]) for i, e in enumerate(exact) if not e]
-        together = [i for i, e in enumerate(exact) if e]
-        return ([(True, together)] if together else []) + groups
+        groups = self._groups.get(bulk_is_exact)
+        if groups is None:
+            exact = [part.plan.exact for _, _, part in self.parts]
+            if bulk_is_exact or all(exact):
+                groups = [(all(exact), list(range(len(self.parts))))]
+            else:
+                together = [i for i, e in enumerate(exact) if e]
+                groups = ([(True, together)] if together else []) + [(False, [i]) for i, e in enumerate(exact) if not e]
+            self._groups[bulk_is_exact] = groups
+        return groups

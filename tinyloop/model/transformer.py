@@ -126,14 +126,19 @@ class LoopedTransformer:
             qk = b.rope(qk, rows)                                          # queries and keys in one go
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
-        outputs = []
-        for (start, stop, part), slot in zip(rows.parts, slots):
-            storage = part.cache.storage
-            b.kv_write(storage, slot, part.plan, k[start:stop], v[start:stop])
+        if len(rows.parts) == 1:                                           # one cache: the plain calls
+            (_, _, part), slot = rows.parts[0], slots[0]
+            b.kv_write(part.cache.storage, slot, part.plan, k, v)
+            attn = b.attention(q, part.cache.storage, slot, part.plan, self.scale)
+        else:                                                              # each part on its own cache
+            parts = [(start, stop, part.cache.storage, slot, part.plan)
+                     for (start, stop, part), slot in zip(rows.parts, slots)]
+            b.kv_write_parts(k, v, parts, rows.prepared)
+            attn = b.attention_parts(q, parts, self.scale, rows.prepared)
+        for start, stop, part in rows.parts:
             if part.kept is not None:
                 part.kept.append((k[start:stop], v[start:stop]))
-            outputs.append(b.attention(q[start:stop], storage, slot, part.plan, self.scale))
-        attn = (outputs[0] if len(outputs) == 1 else b.xp.concatenate(outputs)).reshape(n_tokens, c.q_dim)
+        attn = attn.reshape(n_tokens, c.q_dim)
         if capture:
             capture("out", attn)
         h = self._residual(h, attn, weights.out, weights.attn_post_norm, rows)

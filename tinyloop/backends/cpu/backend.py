@@ -15,7 +15,8 @@ import numpy as np
 from tinyloop.backends.reference.backend import NumpyBackend
 from tinyloop.backends.cpu.activations import gelu_tanh, swiglu
 from tinyloop.backends.cpu.attention import attention as attend_plan
-from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage, bytes_per_row, kv_write
+from tinyloop.backends.cpu.attention import attention_parts as attend_parts
+from tinyloop.backends.cpu.kvstore import KVStorage, PoolStorage, bytes_per_row, kv_write, kv_write_many
 from tinyloop.backends.cpu.embedding import embed, prepare_embedding
 from tinyloop.backends.cpu.linear import PackedLinear, linear, prepare_linear
 from tinyloop.backends.cpu.norms import layer_norm, rms_norm
@@ -35,6 +36,12 @@ def warm_up_kernels() -> None:
         row_kernels.warm_up()
         attention_kernels.warm_up()
         _WARM.append(True)
+
+
+def _one_pool(parts) -> bool:
+    """Whether every part's cache lives in one KV pool (the engine's): one kernel call serves them."""
+    pool = parts[0][2].pool
+    return all(storage.pool is pool for _, _, storage, _, _ in parts)
 
 
 class CpuBackend(NumpyBackend):
@@ -94,6 +101,17 @@ class CpuBackend(NumpyBackend):
 
     def attention(self, q, storage: KVStorage, slot, plan, scale):
         return attend_plan(q, storage, slot, plan, scale)
+
+    def kv_write_parts(self, keys, values, parts, holder):
+        if not _one_pool(parts):                        # caches of pools of their own (tests, tools)
+            return super().kv_write_parts(keys, values, parts, holder)
+        kv_write_many(keys, values, [(start, stop, storage, slot, plan.write_rows)
+                                     for start, stop, storage, slot, plan in parts])
+
+    def attention_parts(self, q, parts, scale, holder):
+        if not _one_pool(parts):
+            return super().attention_parts(q, parts, scale, holder)
+        return attend_parts(q, [(storage, slot, plan) for _, _, storage, slot, plan in parts], scale, holder)
 
     # -- sampling support ----------------------------------------------------------------------
     def argmax(self, logits) -> np.ndarray:

@@ -85,6 +85,13 @@ class PoolStorage(NumpyPoolStorage):
         """Nothing: the attention kernel never reads a key a query may not see, so what a
         block held before cannot reach a new holder's results."""
 
+    def identity_table(self) -> np.ndarray:
+        """(pool blocks,) int32, block b -> b: a write kernel's table for rows already given as
+        pool rows (kv_write_many)."""
+        if getattr(self, "_identity", None) is None:
+            self._identity = np.arange(self.rows // ATTENTION_BLOCK, dtype=np.int32)
+        return self._identity
+
 
 def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray, prepared: dict | None = None
              ) -> None:
@@ -104,3 +111,26 @@ def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.n
     table_row = storage.table[slot]
     for side, x in ((storage.keys, keys), (storage.values, values)):
         write_rows(bits, group_len, storage.rotation is not None, side, table_row, checked[1], x, checked=True)
+
+
+def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list) -> None:
+    """kv_write for several caches' rows in one kernel call per side: parts [(start, stop,
+    storage, slot, physical rows)] own rows [start, stop) of keys and values (T, n_kv, hd), all
+    in one pool. Each row's pool row is worked out here through its cache's table, and the
+    kernel stores the rows through the identity table: what it stores in each row is what
+    kv_write of that row alone stores (the write is per row)."""
+    first = parts[0][2]
+    pool = first.pool
+    pool_rows = []
+    for start, stop, storage, slot, rows in parts:
+        if storage.pool is not pool:
+            raise ValueError("a KV write over caches of different pools in one call")
+        rows = checked_rows(rows, stop - start, storage.rows)
+        pool_rows.append(storage.table[slot, rows // ATTENTION_BLOCK].astype(np.int64) * ATTENTION_BLOCK
+                         + rows % ATTENTION_BLOCK)
+    rows = np.concatenate(pool_rows)
+    identity = pool.identity_table()
+    bits = kernel_bits(first.mode)
+    group_len = group_size(first.head_dim)
+    for side, x in ((first.keys, keys), (first.values, values)):
+        write_rows(bits, group_len, first.rotation is not None, side, identity, rows, x, checked=True)

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from tinyloop.backends.cpu.int_layout import IntWeights, codes_of, int_weights
 from tinyloop.backends.cpu.kernels import linear_int
-from tinyloop.backends.cpu.kernels.linear import KERNELS, group_sums, tiles_of, warm_up
+from tinyloop.backends.cpu.kernels.linear import KERNELS, SERIAL_KERNELS, group_sums, tiles_of, warm_up
 from tinyloop.model.quant import QuantizedTensor, dequantize
 
 
@@ -195,17 +194,9 @@ def _compiled(kind: str) -> None:
 SERIAL_WORK = 1 << 20
 
 
-def _float_kernel(threaded: bool, kernel, *args) -> None:
-    """A float-activation kernel (kernels/linear.py), on one thread for small calls."""
-    if threaded:
-        kernel(*args)
-        return
-    threads = numba.get_num_threads()     # set from Python: numba cannot cache a kernel that sets its own
-    numba.set_num_threads(1)
-    try:
-        kernel(*args)
-    finally:
-        numba.set_num_threads(threads)
+def _float_kernel(threaded: bool, kind: str, *args) -> None:
+    """A float-activation kernel (kernels/linear.py), threaded or, for small calls, on this thread."""
+    (KERNELS if threaded else SERIAL_KERNELS)[kind](*args)
 
 
 def linear(x: np.ndarray, packed: PackedLinear, residual: np.ndarray | None = None) -> np.ndarray:
@@ -233,7 +224,7 @@ def linear(x: np.ndarray, packed: PackedLinear, residual: np.ndarray | None = No
     quantized = {}                       # (source, segment) -> quantize_rows: blocks that share x share it
     for block in packed.blocks:
         if block.tiles is not None and block.scale is None:             # float weights
-            _float_kernel(threaded, KERNELS[block.kind], x, block.tiles, block.n_out, out, block.wide_offset)
+            _float_kernel(threaded, block.kind, x, block.tiles, block.n_out, out, block.wide_offset)
             continue
         xb = x
         if block.source is not None:                                    # act-order or padded columns
@@ -242,7 +233,7 @@ def linear(x: np.ndarray, packed: PackedLinear, residual: np.ndarray | None = No
                 widened[:, :packed.in_features] = x
             xb = widened[:, block.source]
         if block.integer is None:
-            _float_kernel(threaded, KERNELS[block.kind], xb, group_sums(xb, block.group_size), block.tiles,
+            _float_kernel(threaded, block.kind, xb, group_sums(xb, block.group_size), block.tiles,
                           block.scale, block.mins, block.group_size * int(block.kind[1:]) // 8, block.n_out, out,
                           block.wide_offset)
             continue

@@ -32,6 +32,7 @@ class Server:
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         start_new_session=True)
         self.log: deque = deque(maxlen=40)          # the last lines it printed, for an error message
+        self.stopped = False                        # stop() was called (an exit not of its own)
         Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
@@ -43,6 +44,7 @@ class Server:
 
     def stop(self) -> None:
         """SIGTERM to its process group, SIGKILL if it has not ended within 10 s."""
+        self.stopped = True
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)

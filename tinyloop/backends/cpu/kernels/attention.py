@@ -51,6 +51,8 @@ The fp16 mode's half bits are widened exactly into the same scratch; fp32 is rea
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from llvmlite import ir
 from numba import get_num_threads, njit, prange, types
@@ -576,15 +578,19 @@ def _finish(out, t, h, mm, ml, macc, rotate, norm):
             fwht_row(row, head_dim, norm)
 
 
-def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, positions,
-                    lowest, ring_blocks, shared_end, tail_rows, scale, rotate, norm, out):
-    """One task per (tile of queries, kv head): each query's chunks computed and merged in order."""
+def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, tables, n_kv, n_rows, positions,
+                    lowest, rings, shared_ends, tail_rows, scale, rotate, norm, tile_start, tile_ctx, out):
+    """One task per (tile of queries, kv head): each query's chunks computed and merged in order.
+    Tile i is queries [tile_start[i], tile_start[i + 1]) (at most `tile`), all of one context
+    tile_ctx[i]: a cache slot, whose block table row is tables[ctx], ring rings[ctx] and tree
+    boundary shared_ends[ctx] (several caches' queries can share one call, tile by tile)."""
     n_queries, n_heads, head_dim = q.shape
     group = n_heads // n_kv
-    n_tiles = (n_queries + tile - 1) // tile
+    n_tiles = tile_ctx.shape[0]
     for task in prange(n_tiles * n_kv):
-        t0 = (task // n_kv) * tile
-        t1 = min(t0 + tile, n_queries)
+        i = task // n_kv
+        t0, t1 = tile_start[i], tile_start[i + 1]
+        ctx = tile_ctx[i]
         h = task % n_kv
         qs = np.empty(tile * group * head_dim, np.float32)
         cm = np.empty((tile, group), np.float32)
@@ -600,8 +606,8 @@ def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, ta
             c_lo = min(c_lo, lowest[t] // BLOCK // CHUNK_BLOCKS)
             c_hi = max(c_hi, positions[t] // BLOCK // CHUNK_BLOCKS)
         for c in range(c_lo, c_hi + 1):
-            _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, qs,
-                        positions, lowest, ring_blocks, shared_end, tail_rows, cm, cl, cacc)
+            _chunk_tile(t0, t1, h, c, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, tables[ctx], n_kv, n_rows, qs,
+                        positions, lowest, rings[ctx], shared_ends[ctx], tail_rows, cm, cl, cacc)
             for t in range(t0, t1):
                 if lowest[t] // BLOCK // CHUNK_BLOCKS <= c and c <= positions[t] // BLOCK // CHUNK_BLOCKS:
                     for g in range(group):
@@ -611,25 +617,27 @@ def _attend_rows_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, ta
             _finish(out, t, h, mm[t - t0], ml[t - t0], macc[t - t0], rotate, norm)
 
 
-def _attend_chunks_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows, positions,
-                      lowest, ring_blocks, shared_end, tail_rows, scale, rotate, norm, task_tile, task_chunk,
-                      part_m, part_l, part_acc):
+def _attend_chunks_py(q, tile, bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, tables, n_kv, n_rows, positions,
+                      lowest, rings, shared_ends, tail_rows, scale, rotate, norm, tile_start, tile_ctx, task_tile,
+                      task_chunk, part_m, part_l, part_acc):
     """One task per (tile, chunk, kv head): the tile's chunk states into the part_* scratch."""
     n_queries, n_heads, head_dim = q.shape
     group = n_heads // n_kv
     for task in prange(task_tile.shape[0] * n_kv):
         k = task // n_kv
         h = task % n_kv
-        t0 = task_tile[k] * tile
-        t1 = min(t0 + tile, n_queries)
+        i = task_tile[k]
+        t0, t1 = tile_start[i], tile_start[i + 1]
+        ctx = tile_ctx[i]
         qs = np.empty(tile * group * head_dim, np.float32)
         _query_heads(q, t0, t1, h, group, scale, rotate, norm, qs)
-        _chunk_tile(t0, t1, h, task_chunk[k], bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, table_row, n_kv, n_rows,
-                    qs, positions, lowest, ring_blocks, shared_end, tail_rows, part_m[task], part_l[task],
-                    part_acc[task])
+        _chunk_tile(t0, t1, h, task_chunk[k], bits, group_len, kf, vf, kc, ks, km, vc, vs, vm, tables[ctx], n_kv,
+                    n_rows, qs, positions, lowest, rings[ctx], shared_ends[ctx], tail_rows, part_m[task],
+                    part_l[task], part_acc[task])
 
 
-def _merge_chunks_py(tile, first_task, tile_chunk0, positions, lowest, part_m, part_l, part_acc, rotate, norm, out):
+def _merge_chunks_py(tile_start, tile_of, first_task, tile_chunk0, positions, lowest, part_m, part_l, part_acc, rotate,
+                     norm, out):
     """One task per (query, kv head): its own chunks' states merged in chunk order."""
     n_queries, n_heads, head_dim = out.shape
     group = part_m.shape[2]
@@ -637,14 +645,15 @@ def _merge_chunks_py(tile, first_task, tile_chunk0, positions, lowest, part_m, p
     for task in prange(n_queries * n_kv):
         t = task // n_kv
         h = task % n_kv
-        i = t // tile
+        i = tile_of[t]
+        r = t - tile_start[i]
         mm = np.full(group, NEG_INF, np.float32)
         ml = np.zeros(group, np.float32)
         macc = np.zeros((group, head_dim), np.float32)
         for c in range(lowest[t] // BLOCK // CHUNK_BLOCKS, positions[t] // BLOCK // CHUNK_BLOCKS + 1):
             k = (first_task[i] + c - tile_chunk0[i]) * n_kv + h
             for g in range(group):
-                _merge(g, mm, ml, macc, part_m[k, t % tile], part_l[k, t % tile], part_acc[k, t % tile], head_dim)
+                _merge(g, mm, ml, macc, part_m[k, r], part_l[k, r], part_acc[k, r], head_dim)
         _finish(out, t, h, mm, ml, macc, rotate, norm)
 
 
@@ -692,38 +701,73 @@ SERIAL_WORK = 48                 # (query, kv head, block) visits below which on
 SERIAL_MERGE = 16                # (query, kv head) merges below which the merge runs on one thread
 
 
-class PreparedAttention:
-    """What `attend` works out from the positions, the window, the tree and the store, once:
-    the checks, the kernels' common operands and the driver. A forward's layers share it
-    (backends/cpu/attention.py keeps it on the plan); `run` takes a layer's q and its slot's
-    block table row. cache_rows: the physical rows of a slot (the table row's width * 64)."""
+@dataclass
+class Context:
+    """One cache's queries in an attention call: `n_queries` consecutive queries at logical
+    `positions`, the window (0: every earlier position), a ring of ring_blocks physical blocks
+    (0: none), a draft tree's per-query path rows tail_rows (n_queries, n) from logical block
+    shared_end on (None: no tree), and the cache's physical rows per slot (cache_rows)."""
+    positions: np.ndarray
+    window: int = 0
+    ring_blocks: int = 0
+    shared_end: int = NO_TREE
+    tail_rows: np.ndarray | None = None
+    cache_rows: int = 0
 
-    def __init__(self, n_queries: int, bits: int, group_len: int, keys: dict, values: dict, positions, window: int,
-                 ring_blocks: int, shared_end: int, tail_rows, scale: float, rotate: bool, head_dim: int,
-                 n_heads: int, split: bool | None, tile: int, cache_rows: int):
-        positions = np.ascontiguousarray(positions, np.int64)
-        lowest = np.maximum(positions - (window - 1), 0) if window else np.zeros_like(positions)
-        if tail_rows is None:
-            tail, shared_end = _NO_TAIL, NO_TREE
-        else:
-            tail = np.ascontiguousarray(tail_rows, np.int64)
+
+class PreparedAttention:
+    """What `attend` works out from the positions, the windows, the trees and the store, once:
+    the checks, the kernels' common operands, the tiles and the driver. A forward's layers
+    share it (backends/cpu/attention.py keeps it on the plan, or on a batched forward's rows);
+    `run` takes a layer's q and each context's slot's block table row.
+
+    Several contexts (caches) may share one call: their queries are consecutive in q, each
+    tile of queries belongs to one context, and each query's bits are what a call of its own
+    context alone gives (a tile only shares block loads among its own queries)."""
+
+    def __init__(self, contexts: list, bits: int, group_len: int, keys: dict, values: dict, scale: float,
+                 rotate: bool, head_dim: int, n_heads: int, split: bool | None, tile: int):
         operands, n_kv, n_rows = _operands(bits, keys, values)
-        self.n_queries, self.n_heads, self.head_dim, self.n_kv = n_queries, n_heads, head_dim, n_kv
+        self.n_heads, self.head_dim, self.n_kv = n_heads, head_dim, n_kv
+        self.rows_of = [c.cache_rows for c in contexts]
+        self.sizes = [len(c.positions) for c in contexts]
+        n_queries = self.n_queries = sum(self.sizes)
         self.driver = None
         if n_queries == 0:
             return
-        # the kernels index without bounds checks: refuse what would read outside the store
-        reach = (int(positions.max()) // BLOCK + 1) * BLOCK if not ring_blocks else ring_blocks * BLOCK
-        if reach > cache_rows or positions.min() < 0 or (tail_rows is not None and tail.size
-                                                         and (tail.min() < 0 or tail.max() >= cache_rows)):
-            raise IndexError(f"attention over rows beyond the cache's {cache_rows}")
-        self.cache_rows, self.pool_blocks = cache_rows, n_rows // BLOCK
-        tile = max(1, min(int(tile), n_queries))
+        tile = max(1, min(int(tile), max(self.sizes)))
+        positions, lowest, tails, tile_start, tile_ctx = [], [], [], [0], []
+        width = max([c.tail_rows.shape[1] for c in contexts if c.tail_rows is not None] + [1])
+        for index, c in enumerate(contexts):
+            pos = np.ascontiguousarray(c.positions, np.int64)
+            if not pos.size:
+                continue
+            low = np.maximum(pos - (c.window - 1), 0) if c.window else np.zeros_like(pos)
+            tail = np.zeros((pos.size, width), np.int64)
+            if c.tail_rows is not None and c.tail_rows.size:
+                tail[:, :c.tail_rows.shape[1]] = c.tail_rows
+            # the kernels index without bounds checks: refuse what would read outside the store
+            reach = (int(pos.max()) // BLOCK + 1) * BLOCK if not c.ring_blocks else c.ring_blocks * BLOCK
+            if reach > c.cache_rows or pos.min() < 0 or tail.min() < 0 or tail.max() >= c.cache_rows:
+                raise IndexError(f"attention over rows beyond the cache's {c.cache_rows}")
+            positions.append(pos)
+            lowest.append(low)
+            tails.append(tail)
+            for t0 in range(0, pos.size, tile):
+                tile_start.append(tile_start[-1] + min(tile, pos.size - t0))
+                tile_ctx.append(index)
+        positions, lowest, tail = np.concatenate(positions), np.concatenate(lowest), np.concatenate(tails)
+        self.tile_start, self.tile_ctx = np.array(tile_start, np.int64), np.array(tile_ctx, np.int64)
+        self.tile_of = np.repeat(np.arange(len(tile_ctx), dtype=np.int64), np.diff(self.tile_start))
+        rings = np.array([c.ring_blocks for c in contexts], np.int64)
+        shared_ends = np.array([c.shared_end if c.tail_rows is not None else NO_TREE for c in contexts], np.int64)
+        self.tables = np.zeros((len(contexts), max(r // BLOCK for r in self.rows_of)), np.int32)
+        self.pool_blocks = n_rows // BLOCK
         self.tile, self.positions, self.lowest, self.rotate = tile, positions, lowest, bool(rotate)
         self.norm = F(1.0 / np.sqrt(head_dim))
-        self.before_slot = (tile, bits, group_len, *operands)
-        self.after_slot = (int(n_kv), int(n_rows), positions, lowest, int(ring_blocks), int(shared_end), tail,
-                           F(scale), bool(rotate), self.norm)
+        self.before_tables = (tile, bits, group_len, *operands)
+        self.after_tables = (int(n_kv), int(n_rows), positions, lowest, rings, shared_ends, tail, F(scale),
+                             bool(rotate), self.norm, self.tile_start, self.tile_ctx)
         if split is None:
             # a speed choice only: split one query's chunks across threads when there are few
             # queries and long contexts; run one thread when the work is tiny
@@ -736,24 +780,25 @@ class PreparedAttention:
         if not split:
             self.driver = _attend_rows
             return
-        n_tiles = -(-n_queries // tile)
-        pad = n_tiles * tile - n_queries
-        chunk_lo = np.pad(lowest // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).min(axis=1)
-        chunk_hi = np.pad(positions // CHUNK_ROWS, (0, pad), mode="edge").reshape(n_tiles, tile).max(axis=1)
+        starts = self.tile_start[:-1]
+        chunk_lo = np.minimum.reduceat(lowest // CHUNK_ROWS, starts)
+        chunk_hi = np.maximum.reduceat(positions // CHUNK_ROWS, starts)
         n_chunks = chunk_hi - chunk_lo + 1                                               # (tiles,)
-        first_task = np.zeros(n_tiles + 1, np.int64)
+        first_task = np.zeros(len(starts) + 1, np.int64)
         np.cumsum(n_chunks, out=first_task[1:])
-        self.task_tile = np.repeat(np.arange(n_tiles, dtype=np.int64), n_chunks)
+        self.task_tile = np.repeat(np.arange(len(starts), dtype=np.int64), n_chunks)
         self.task_chunk = np.arange(first_task[-1], dtype=np.int64) - first_task[self.task_tile] + \
             chunk_lo[self.task_tile]
         self.first_task, self.chunk_lo = first_task, np.ascontiguousarray(chunk_lo, np.int64)
         self.n_tasks = int(first_task[-1]) * n_kv
 
-    def run(self, q, table_row: np.ndarray) -> np.ndarray:
-        """q (T, H, hd) of one layer over the slot whose block table row (cache_rows / 64,) int32
-        is `table_row` -> (T, H, hd) float32."""
-        if table_row.shape != (self.cache_rows // BLOCK,) or table_row.dtype != np.int32:
-            raise ValueError(f"a block table row {table_row.shape} {table_row.dtype} for {self.cache_rows} rows")
+    def run(self, q, table_rows: list) -> np.ndarray:
+        """q (T, H, hd) of one layer over each context's slot, whose block table row ((its
+        cache_rows / 64,) int32) is table_rows[i] -> (T, H, hd) float32."""
+        for i, (row, rows) in enumerate(zip(table_rows, self.rows_of)):
+            if row.shape != (rows // BLOCK,) or row.dtype != np.int32:
+                raise ValueError(f"a block table row {row.shape} {row.dtype} for {rows} rows")
+            self.tables[i, :row.shape[0]] = row
         q = np.ascontiguousarray(q, np.float32)
         if q.shape != (self.n_queries, self.n_heads, self.head_dim):
             raise ValueError(f"queries {q.shape} do not match the prepared "
@@ -762,17 +807,17 @@ class PreparedAttention:
         if self.n_queries == 0:
             return out
         if self.driver is not None:
-            self.driver(q, *self.before_slot, table_row, *self.after_slot, out)
+            self.driver(q, *self.before_tables, self.tables, *self.after_tables, out)
             return out
         group = self.n_heads // self.n_kv
         part_m = np.empty((self.n_tasks, self.tile, group), np.float32)
         part_l = np.empty((self.n_tasks, self.tile, group), np.float32)
         part_acc = np.empty((self.n_tasks, self.tile, group, self.head_dim), np.float32)
-        _attend_chunks(q, *self.before_slot, table_row, *self.after_slot, self.task_tile, self.task_chunk,
+        _attend_chunks(q, *self.before_tables, self.tables, *self.after_tables, self.task_tile, self.task_chunk,
                        part_m, part_l, part_acc)
         merge = _merge_chunks if self.n_queries * self.n_kv >= SERIAL_MERGE else _merge_chunks_serial
-        merge(self.tile, self.first_task, self.chunk_lo, self.positions, self.lowest, part_m, part_l, part_acc,
-              self.rotate, self.norm, out)
+        merge(self.tile_start, self.tile_of, self.first_task, self.chunk_lo, self.positions, self.lowest, part_m,
+              part_l, part_acc, self.rotate, self.norm, out)
         return out
 
 
@@ -792,9 +837,20 @@ def attend(q, bits: int, group_len: int, keys: dict, values: dict, table_row, po
     q = np.ascontiguousarray(q, np.float32)
     table_row = np.ascontiguousarray(table_row, np.int32)
     n_queries, n_heads, head_dim = q.shape
-    return PreparedAttention(n_queries, bits, group_len, keys, values, positions, window, ring_blocks, shared_end,
-                             tail_rows, scale, rotate, head_dim, n_heads, split, tile,
-                             table_row.shape[0] * BLOCK).run(q, table_row)
+    context = Context(np.asarray(positions), window, ring_blocks, shared_end,
+                      None if tail_rows is None else np.asarray(tail_rows), table_row.shape[0] * BLOCK)
+    return PreparedAttention([context], bits, group_len, keys, values, scale, rotate, head_dim, n_heads, split,
+                             tile).run(q, [table_row])
+
+
+def attend_many(q, bits: int, group_len: int, keys: dict, values: dict, contexts: list, table_rows: list,
+                scale: float = 1.0, rotate: bool = False, split: bool | None = None, tile: int = TILE) -> np.ndarray:
+    """attend() for several caches' queries in one call: contexts[i] (a Context) is the i-th
+    run of queries of q, over the slot whose block table row is table_rows[i]."""
+    q = np.ascontiguousarray(q, np.float32)
+    n_queries, n_heads, head_dim = q.shape
+    return PreparedAttention(contexts, bits, group_len, keys, values, scale, rotate, head_dim, n_heads, split,
+                             tile).run(q, [np.ascontiguousarray(r, np.int32) for r in table_rows])
 
 
 def warm_up() -> None:

@@ -37,6 +37,10 @@ from tinyloop.backends.cpu.kernels import linear_generated as generated
 TILE = 16
 KERNELS = {"q8": generated.linear_q8, "q4": generated.linear_q4, "q2": generated.linear_q2,
            "f32": generated.linear_f32, "f16": generated.linear_f16}
+# The same bodies on the calling thread alone (prange is range there), for small calls: waking
+# the other threads costs more than they save, and switching numba's thread count per call
+# costs microseconds of its own. Same code, so the same bits.
+SERIAL_KERNELS = {kind: njit(cache=True)(kernel.py_func) for kind, kernel in KERNELS.items()}
 
 
 @njit(cache=True)
@@ -70,10 +74,11 @@ def warm_up(kind: str) -> None:
     weights need the kind: a Q4_1 model never compiles the int2 kernel."""
     x = np.zeros((5, 32), np.float32)
     out = np.zeros((5, TILE), np.float32)
-    if kind.startswith("q"):
-        bits = int(kind[1:])
-        KERNELS[kind](x, group_sums(x, 16), np.zeros((1, 32 * bits // 8, TILE), np.uint8),
-                      np.zeros((1, 2, TILE), np.float32), np.zeros((1, 2, TILE), np.float32), 16 * bits // 8, TILE,
-                      out, 0)
-    else:
-        KERNELS[kind](x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0)
+    for kernel in (KERNELS[kind], SERIAL_KERNELS[kind]):
+        if kind.startswith("q"):
+            bits = int(kind[1:])
+            kernel(x, group_sums(x, 16), np.zeros((1, 32 * bits // 8, TILE), np.uint8),
+                   np.zeros((1, 2, TILE), np.float32), np.zeros((1, 2, TILE), np.float32), 16 * bits // 8, TILE,
+                   out, 0)
+        else:
+            kernel(x, np.zeros((1, 32, TILE), np.float32 if kind == "f32" else np.uint16), TILE, out, 0)
