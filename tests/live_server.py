@@ -31,7 +31,7 @@ class LiveServer:
     file. start() waits until /health answers `ready` (or raises with the log)."""
 
     def __init__(self, model_path, key: str | None = "live-test-key", env: dict | None = None,
-                 state_dir=None, ready_timeout: float = 60):
+                 state_dir=None, ready_timeout: float = 600):
         self.model_path, self.key = str(model_path), key
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

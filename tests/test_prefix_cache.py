@@ -227,3 +227,20 @@ def test_the_pool_hands_out_its_lowest_free_blocks_first(loaded):
     pool.reserve(3)
     again = pool.allocate(3)
     assert sorted(again) == [2, 4, 6]
+
+
+def test_a_recurrence_with_a_random_initial_state_reuses_exactly(tmp_path):
+    """A model whose core starts from seeded noise (config.initial_state "random"): the noise
+    is a function of (state_seed, position), so cached rows are a cold prefill's rows too; the
+    engine's key names the seed (engine/engine.py)."""
+    path = tmp_path / "recurrent.tinyloop"
+    make_test_model(path, "tiny-looped", seed=8, eos_token_ids=(), initial_state="random", state_std=0.5,
+                    state_seed=17, input_injection="concat")
+    model = load_model(path).model
+    rng = np.random.default_rng(21)
+    pool = cached_pool(model)
+    for i, (prompt, loops) in enumerate(zip(shared_prompts(rng, model.config.vocab_size, 3, 140), (6, 6, 6))):
+        request = GenerationRequest(prompt, 10, loops=loops, ignore_eos=True)
+        got, cached = run_cached(model, request, pool)
+        assert got == outcome(generate(model, request, prefill_chunk=64)), i
+        assert cached == (0 if i == 0 else 128)         # the two full blocks of the shared 140 tokens

@@ -23,14 +23,19 @@ def settings(model_path, **changes):
     return Settings(**base)
 
 
+LOAD_TIMEOUT_S = 600
+
+
 def ready_app(model_path, **changes):
     app = TinyLoopApp(settings(model_path, **changes))
     state = app._ensure_state()
-    for _ in range(1000):
-        if state.status != "loading":
-            return app
+    # Waits for the state, not for a guess: a first load in a fresh checkout (or the copy
+    # scripts/mutation_check.py makes) compiles the CPU kernels, a minute or more on 2 cores.
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while state.status == "loading":
+        assert time.monotonic() < deadline, f"the model did not load within {LOAD_TIMEOUT_S} s"
         time.sleep(0.01)
-    raise AssertionError("model did not load")
+    return app
 
 
 

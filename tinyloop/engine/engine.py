@@ -106,7 +106,11 @@ class Engine:
         # whose bulk path is not row-exact (the NumPy reference, CUDA's prefill kernels) it stays off.
         self.prefix = None
         if prefix_cache and model.backend.bulk_is_exact:
-            self.prefix = PrefixCache(self.pool, (model.kv_mode, model.backend.activations))
+            # the key's seed: what changes a block's bits besides its tokens and slot (the model
+            # is this engine's; its recurrence's initial state is named for the record)
+            c = model.config
+            self.prefix = PrefixCache(self.pool, (model.kv_mode, model.backend.activations,
+                                                  c.initial_state, c.state_seed, c.state_std))
         self.stats = StepStats()
         self._lock = threading.Condition()
         self._waiting: deque[Submission] = deque()

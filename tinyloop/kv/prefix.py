@@ -5,8 +5,10 @@ What a block is: 64 rows (ATTENTION_BLOCK) of one layer instance's keys and valu
 pool (kv/pool.py). A cached block is found by its key:
 - the chain hash of every token up to the block's end (block b's hash covers tokens
   [0, 64 (b + 1)): a block is reusable only after the very same prefix), seeded with what
-  else changes a block's bits: the KV cache mode, the attention window and the activation
-  dtype (the model is the engine's, so is the pool);
+  else changes a block's bits: the KV cache mode, the attention window, the activation
+  dtype and the recurrence's initial state (kind, seed, scale: a random initial state is a
+  function of (state_seed, position), model/state.py); the model is the engine's, so is the
+  pool;
 - and the layer instance it holds: prelude layer i ("p", i); core layer c at iteration j
   ("c", j, c), whatever the request's loop count (an iteration's keys and values depend on
   the iterations before it, not on how many follow); coda layer q after L iterations
