@@ -27,7 +27,8 @@ import sys
 
 from tinyloop.bench.interference import DISTURBED, GroupMeter
 from tinyloop.bench.serving import llama_server
-from tinyloop.bench.serving.concurrency import HOST, LLAMA_EXTRA, PATH, TEMPLATE_ROOM, Target, eos_control, ready
+from tinyloop.bench.serving.concurrency import (HOST, LLAMA_EXTRA, PATH, TEMPLATE_ROOM, Target, eos_control, ready,
+                                                  run_scenario)
 from tinyloop.bench.serving.loadgen import Connection
 from tinyloop.bench.serving.servers import tinyloop_serving
 from tinyloop.bench.serving.streaming import STREAM_TIMEOUT_S, StreamRecord, problems_of, timed_stream
@@ -185,23 +186,9 @@ def chat_summary(settings: dict, measured: dict) -> dict:
 def chat_section(model: str, settings: dict, llama: dict, eos_ids: tuple, tokenizer, progress: bool = True,
                  device: str | None = None) -> dict:
     """-> the section's JSON (keys in tinyloop/bench/report.py's module docstring)."""
-    import secrets
-    import tempfile
-
-    from tinyloop.bench.serving.texts import Texts
-    key = secrets.token_hex(16)
-    started: list = []
-    texts = Texts(tokenizer)
-    with tempfile.TemporaryDirectory(prefix="tinyloop-bench-") as folder:
-        try:
-            measured = asyncio.run(_chat(model, settings, llama, eos_ids, key, folder, texts, progress, started,
-                                         device))
-        except (RuntimeError, OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
-            logs = "; ".join(f"{s.name}: {s.tail()}" for s in started if not s.alive() and not s.stopped)
-            return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}" + (f" ({logs})" if logs else ""),
-                    "settings": settings, "llama_server": llama}
-        finally:
-            for server in started:
-                server.stop()
+    run = run_scenario(_chat, model, settings, llama, eos_ids, tokenizer, progress, device)
+    if run["status"] != "measured":
+        return run
+    measured = run["measured"]
     return {"status": "measured", "settings": settings, "llama_server": measured["llama_server"],
             "problems": measured["problems"], **chat_summary(settings, measured)}

@@ -366,20 +366,22 @@ def interference_summary(settings: dict, runs: dict | None) -> dict:
     return out
 
 
-def concurrency_section(model: str, settings: dict, llama: dict, eos_ids: tuple, tokenizer,
-                        progress: bool = True, device: str | None = None) -> dict:
-    """-> the section's JSON (keys in tinyloop/bench/report.py's module docstring)."""
+def run_scenario(scenario, model: str, settings: dict, llama: dict, eos_ids: tuple, tokenizer, progress: bool,
+                 device: str | None) -> dict:
+    """Run a serving scenario's coroutine `scenario(model, settings, llama, eos_ids, key, folder,
+    texts, progress, started, device)` in a scratch folder, stopping every server it started ->
+    {"status": "measured", "measured": ...} or {"status": "failed", "reason", ...} (with the
+    log tail of a server that died)."""
     import secrets
     import tempfile
 
     from tinyloop.bench.serving.texts import Texts
     key = secrets.token_hex(16)
     started: list = []
-    texts = Texts(tokenizer)
     with tempfile.TemporaryDirectory(prefix="tinyloop-bench-") as folder:
         try:
-            measured = asyncio.run(_sweep(model, settings, llama, eos_ids, key, folder, texts, progress, started,
-                                          device))
+            measured = asyncio.run(scenario(model, settings, llama, eos_ids, key, folder, Texts(tokenizer), progress,
+                                            started, device))
         except (RuntimeError, OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
             logs = "; ".join(f"{s.name}: {s.tail()}" for s in started if not s.alive() and not s.stopped)
             return {"status": "failed", "reason": f"{type(exc).__name__}: {exc}" + (f" ({logs})" if logs else ""),
@@ -387,6 +389,16 @@ def concurrency_section(model: str, settings: dict, llama: dict, eos_ids: tuple,
         finally:
             for server in started:
                 server.stop()
+    return {"status": "measured", "measured": measured}
+
+
+def concurrency_section(model: str, settings: dict, llama: dict, eos_ids: tuple, tokenizer,
+                        progress: bool = True, device: str | None = None) -> dict:
+    """-> the section's JSON (keys in tinyloop/bench/report.py's module docstring)."""
+    run = run_scenario(_sweep, model, settings, llama, eos_ids, tokenizer, progress, device)
+    if run["status"] != "measured":
+        return run
+    measured = run["measured"]
     return {"status": "measured", "settings": settings, **measured,
             "disturbed_runs": disturbed_runs(measured)}
 
