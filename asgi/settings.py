@@ -46,7 +46,7 @@ class Settings:
     kv_budget_bytes: int | None = None
     drain_timeout_s: float = 30.0  # after SIGTERM: how long admitted generations may still run
     max_running: int | None = None     # generations stepped together; None: the backend's default
-    prefill_chunk: int | None = None   # prompt rows per prefill forward; None: DEFAULT_PREFILL_CHUNK
+    prefill_chunk: int | None = None   # prompt rows per prefill forward; None: the backend's default
     step_tokens: int | None = None     # rows one engine step takes at most (prefill chunks); None: 2 chunks
     prefix_cache: bool = True          # TINYLOOP_PREFIX_CACHE=0 turns the prefix cache off
 

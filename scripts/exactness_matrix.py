@@ -6,8 +6,9 @@ this CPU can run, and compare the compiled kernels' logits across compile target
     python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
 
 The CPU kernels (backends/cpu, the default) are compiled by numba for the CPU it runs on
-unless NUMBA_CPU_NAME names another target, and their integer kernels pick their
-instructions by the target (AVX2, SSSE3 or portable code, kernels/simd.py); NumPy's
+unless NUMBA_CPU_NAME names another target (with NUMBA_CPU_FEATURES naming that CPU's
+features: backends/cpu/targets.py; a name alone keeps this CPU's), and their integer kernels
+pick their instructions by the target (VNNI, AVX2, SSSE3 or portable code, kernels/simd.py); NumPy's
 OpenBLAS, which the NumPy reference backend and the tests' oracles use, picks its kernels
 for the CPU it finds (DYNAMIC_ARCH), and NumPy picks SIMD loops the same way. So "bit for
 bit" proved on one machine says little about the next. Each configuration runs
@@ -40,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tinyloop.backends.cpu.targets import compile_env  # noqa: E402  (numba's target and its features)
 
 # OpenBLAS core type -> the /proc/cpuinfo flags its kernels need
 CORE_TYPES = {
@@ -103,6 +107,7 @@ def environment(overrides: dict) -> dict:
     env.pop("TINYLOOP_ACTIVATIONS", None)
     env.pop("TINYLOOP_CPU_KERNELS", None)
     env.pop("NUMBA_CPU_NAME", None)
+    env.pop("NUMBA_CPU_FEATURES", None)
     for key, value in overrides.items():
         if value is not None:
             env[key] = value
@@ -143,7 +148,7 @@ def plan(full: bool) -> list[Configuration]:
         elif not needs <= flags:
             configs.append(Configuration(name, {}, True, "", skipped=f"CPU lacks {' '.join(sorted(needs - flags))}"))
         else:
-            configs.append(Configuration(name, {"NUMBA_CPU_NAME": target, "OPENBLAS_CORETYPE": core},
+            configs.append(Configuration(name, {**compile_env(target), "OPENBLAS_CORETYPE": core},
                                          reduced=not full, why=f"NUMBA_CPU_NAME={target} OPENBLAS_CORETYPE={core}"))
     targets = dispatch_targets()
     configs.append(Configuration("NumPy reference backend", {"TINYLOOP_CPU_KERNELS": "numpy",
@@ -183,8 +188,8 @@ def fingerprint(target: Target, path: Path) -> dict | None:
     import numpy as np
     env = environment({"TINYLOOP_CPU_KERNELS": "numba"})
     env.pop("NUMBA_CPU_NAME", None)
-    if target.name:
-        env["NUMBA_CPU_NAME"] = target.name
+    env.pop("NUMBA_CPU_FEATURES", None)
+    env.update(compile_env(target.name))
     start = time.perf_counter()
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "logit_fingerprint.py"), str(path)], cwd=ROOT,
                          env=env, capture_output=True, text=True)

@@ -12,6 +12,7 @@ import pytest
 from numba import njit
 
 from tinyloop.backends.cpu import CpuBackend
+from tinyloop.backends.cpu.targets import compile_env
 from tinyloop.backends.cpu import activations, norms, positions, topk
 from tinyloop.backends.cpu.kernels import activations as act_kernels
 from tinyloop.backends.cpu.kernels import activations_oracle, fmath, fmath_oracle, norms_oracle
@@ -516,7 +517,7 @@ def test_the_same_bits_under_other_numba_compile_targets(tmp_path):
     set. NUMBA_CACHE_DIR keeps the other targets' cached code out of the source tree."""
     host = _digests({"NUMBA_CACHE_DIR": str(tmp_path / "host")})
     for target in ("generic", "haswell"):
-        assert _digests({"NUMBA_CPU_NAME": target, "NUMBA_CACHE_DIR": str(tmp_path / target)}) == host, target
+        assert _digests({**compile_env(target), "NUMBA_CACHE_DIR": str(tmp_path / target)}) == host, target
 
 
 def test_no_call_compiles_a_new_signature():

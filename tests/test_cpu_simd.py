@@ -11,6 +11,7 @@ import pytest
 from numba import njit
 
 from tinyloop.backends.cpu.kernels import simd
+from tinyloop.backends.cpu.targets import compile_env
 
 pytestmark = pytest.mark.slow      # the numba backend's kernels: -m slow
 
@@ -133,6 +134,8 @@ for bits, group in ((8, 32), (4, 32), (2, 32), (4, 16), (8, 64)):
     packed = prepare_linear([quantize_rtn(w, bits, group)])
     x = (rng.standard_normal((19, 192)) * 3).astype(np.float32)
     digest.update(linear(x, packed).tobytes())
+w = rng.standard_normal((40, 192)).astype(np.float16)          # f16 weights: the half widening
+digest.update(linear((rng.standard_normal((19, 192)) * 3).astype(np.float32), prepare_linear([w])).tobytes())
 
 @njit
 def widen(h, out):
@@ -141,7 +144,7 @@ def widen(h, out):
 halves = np.empty(65536, np.float32)
 widen(np.arange(65536, dtype=np.uint32).astype(np.uint16), halves)
 digest.update(halves.tobytes())
-print(LOWERING + ("+f16c" if "f16c" in FEATURES else ""), digest.hexdigest())
+print(LOWERING + ("+vnni" if simd.VNNI else "") + ("+f16c" if "f16c" in FEATURES else ""), digest.hexdigest())
 """
 
 
@@ -160,16 +163,19 @@ def test_every_lowering_gives_the_same_bits():
     targets = {"host": None, "generic": "generic"}
     if {"ssse3", "sse4_2"} <= _cpu_flags():
         targets["nehalem"] = "nehalem"
+    if {"avx2", "fma", "bmi2", "f16c"} <= _cpu_flags():
+        targets["haswell"] = "haswell"            # AVX2 without VNNI: the pair sums where the host has vpdpbusd
     seen = {}
     for name, cpu in targets.items():
         env = dict(os.environ)
         env.pop("NUMBA_CPU_NAME", None)
-        if cpu:
-            env["NUMBA_CPU_NAME"] = cpu
+        env.pop("NUMBA_CPU_FEATURES", None)
+        env.update(compile_env(cpu or ""))          # the named CPU's features, not this one's
         done = subprocess.run([sys.executable, "-c", _FINGERPRINT], env=env, capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         seen[name] = done.stdout.split()
     lowerings = {lowering for lowering, _ in seen.values()}
-    assert "portable" in lowerings and len(lowerings) >= 2, seen          # the test compared different code
+    # each named target compiled its own code (on a CPU without VNNI, the host's is haswell's)
+    assert "portable" in lowerings and len(lowerings) >= min(3, len(seen)), seen
     assert len({digest for _, digest in seen.values()}) == 1, seen

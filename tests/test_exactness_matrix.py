@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tinyloop.backends.cpu.targets import FEATURES
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "exactness_matrix.py"
 spec = importlib.util.spec_from_file_location("exactness_matrix", SCRIPT)
 matrix = importlib.util.module_from_spec(spec)
@@ -27,9 +29,12 @@ def test_plan_runs_what_the_cpu_executes_and_names_what_it_lacks(monkeypatch):
     first = next(iter(configs.values()))
     assert first.env == {} and not first.reduced                       # the CPU's own kernels: the full set
     # every compile target paired with the core type of its instruction set, each once
-    assert configs["haswell + Haswell"].env == {"NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell"}
+    assert configs["haswell + Haswell"].env == {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": FEATURES["haswell"],
+                                                "OPENBLAS_CORETYPE": "Haswell"}
+    assert "+avx2" in FEATURES["haswell"] and "avx512" not in FEATURES["haswell"]   # the named CPU's, not this one's
     assert configs["haswell + Haswell"].reduced
-    assert configs["generic + Prescott"].env == {"NUMBA_CPU_NAME": "generic", "OPENBLAS_CORETYPE": "Prescott"}
+    assert configs["generic + Prescott"].env == {"NUMBA_CPU_NAME": "generic", "NUMBA_CPU_FEATURES": "",
+                                                 "OPENBLAS_CORETYPE": "Prescott"}
     assert configs["nehalem + Nehalem"].skipped == "" and configs["sandybridge + Sandybridge"].skipped == ""
     assert "avx512f" in configs["skylake-avx512 + SkylakeX"].skipped
     assert "avx512_bf16" in configs["icelake-server + Cooperlake"].skipped

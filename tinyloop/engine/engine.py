@@ -86,6 +86,10 @@ def default_max_running(backend) -> int:
     return getattr(backend, "default_max_running", 1)
 
 
+def default_prefill_chunk(backend) -> int:
+    return getattr(backend, "default_prefill_chunk", DEFAULT_PREFILL_CHUNK)
+
+
 class Engine:
     def __init__(self, loaded, max_waiting: int = 8, on_failure=None, on_job_done=None,
                  kv_budget_bytes: int | None = None, faults=None, max_running: int | None = None,
@@ -95,7 +99,7 @@ class Engine:
         model = loaded.model
         self.max_waiting = max_waiting
         self.max_running = max_running or default_max_running(model.backend)
-        self.prefill_chunk = prefill_chunk or DEFAULT_PREFILL_CHUNK
+        self.prefill_chunk = prefill_chunk or default_prefill_chunk(model.backend)
         self.step_tokens = max(step_tokens or 2 * self.prefill_chunk, 1)
         self.on_failure = on_failure
         self.on_job_done = on_job_done          # (GenerationResult) -> None, on the engine thread

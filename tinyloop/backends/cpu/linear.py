@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.backends.cpu.int_layout import IntWeights, codes_of, int_weights
-from tinyloop.backends.cpu.kernels import linear_int
+from tinyloop.backends.cpu.kernels import linear_int, on_a_passing_thread
 from tinyloop.backends.cpu.kernels.linear import KERNELS, SERIAL_KERNELS, group_sums, tiles_of, warm_up
 from tinyloop.model.quant import QuantizedTensor, dequantize
 
@@ -184,7 +184,10 @@ _COMPILED: set = set()
 def _compiled(kind: str) -> None:
     """The kind's kernel compiled (or loaded from numba's cache) now, at load, not in a request."""
     if kind not in _COMPILED:
-        linear_int.warm_up() if kind == "int" else warm_up(kind)
+        if kind == "int":
+            on_a_passing_thread(linear_int.warm_up)
+        else:
+            on_a_passing_thread(warm_up, kind)
         _COMPILED.add(kind)
 
 

@@ -67,6 +67,8 @@ def target_features() -> set:
 
 FEATURES = target_features()
 LOWERING = "avx2" if "avx2" in FEATURES else "ssse3" if "ssse3" in FEATURES else "portable"
+# vpdpbusd on 256-bit registers: AVX512-VNNI with AVX512VL (EVEX), or AVX-VNNI (VEX)
+VNNI = LOWERING == "avx2" and ({"avx512vnni", "avx512vl"} <= FEATURES or "avxvnni" in FEATURES)
 
 
 # ---------------------------------------------------------------------------- IR helpers
@@ -253,6 +255,36 @@ def store_f32x8(typingctx, array, index, value):
 
 
 # ---------------------------------------------------------------------------- integer arithmetic
+def _madd_u8s8_ir(builder, x, y):
+    """madd_u8s8's IR (its docstring)."""
+    if LOWERING == "avx2":
+        return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16.ir, [x, y])
+    if LOWERING == "ssse3":
+        r8 = ir.VectorType(ir.IntType(16), 8)
+        (xl, xh), (yl, yh) = _halves(builder, x), _halves(builder, y)
+        return _joined(builder, _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xl, yl]),
+                       _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xh, yh]))
+    wide = ir.VectorType(_I32, 32)
+    products = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
+    sums = _even_odd_sum(builder, products, ir.VectorType(_I32, 16), lambda v, t: v)
+    low, high = _const(sums.type, -32768), _const(sums.type, 32767)
+    sums = builder.select(builder.icmp_signed("<", sums, low), low, sums)
+    sums = builder.select(builder.icmp_signed(">", sums, high), high, sums)
+    return builder.trunc(sums, I16x16.ir)
+
+
+def _madd_pairs_ir(builder, v):
+    """madd_pairs's IR (its docstring)."""
+    if LOWERING == "avx2":                      # vpmaddwd / pmaddwd by ones: the pair sum, exact
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", I32x8.ir, [v, _const(I16x16.ir, 1)])
+    if LOWERING == "ssse3":
+        r4, v8 = ir.VectorType(_I32, 4), ir.VectorType(ir.IntType(16), 8)
+        lo, hi = _halves(builder, v)
+        return _joined(builder, _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [lo, _const(v8, 1)]),
+                       _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [hi, _const(v8, 1)]))
+    return _even_odd_sum(builder, v, I32x8.ir, builder.sext)
+
+
 @intrinsic
 def madd_u8s8(typingctx, a, b):
     """a's bytes unsigned times b's signed, lanes 2i and 2i + 1 added: I16x16.
@@ -262,21 +294,7 @@ def madd_u8s8(typingctx, a, b):
     saturates instead of wrapping past int16; the portable form computes the same exact
     sum (and saturates the same way, so even out-of-range inputs agree)."""
     def codegen(context, builder, signature, args):
-        x, y = args
-        if LOWERING == "avx2":
-            return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16.ir, [x, y])
-        if LOWERING == "ssse3":
-            r8 = ir.VectorType(ir.IntType(16), 8)
-            (xl, xh), (yl, yh) = _halves(builder, x), _halves(builder, y)
-            return _joined(builder, _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xl, yl]),
-                           _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xh, yh]))
-        wide = ir.VectorType(_I32, 32)
-        products = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
-        sums = _even_odd_sum(builder, products, ir.VectorType(_I32, 16), lambda v, t: v)
-        low, high = _const(sums.type, -32768), _const(sums.type, 32767)
-        sums = builder.select(builder.icmp_signed("<", sums, low), low, sums)
-        sums = builder.select(builder.icmp_signed(">", sums, high), high, sums)
-        return builder.trunc(sums, I16x16.ir)
+        return _madd_u8s8_ir(builder, *args)
     return I16x16(a, b), codegen
 
 
@@ -284,15 +302,24 @@ def madd_u8s8(typingctx, a, b):
 def madd_pairs(typingctx, a):
     """a's int16 lanes 2i and 2i + 1 added into int32: I32x8 (exact)."""
     def codegen(context, builder, signature, args):
-        if LOWERING in ("avx2", "ssse3"):       # vpmaddwd / pmaddwd by ones: the pair sum, exact
-            if LOWERING == "avx2":
-                return _call(builder, "llvm.x86.avx2.pmadd.wd", I32x8.ir, [args[0], _const(I16x16.ir, 1)])
-            r4, v8 = ir.VectorType(_I32, 4), ir.VectorType(ir.IntType(16), 8)
-            lo, hi = _halves(builder, args[0])
-            return _joined(builder, _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [lo, _const(v8, 1)]),
-                           _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [hi, _const(v8, 1)]))
-        return _even_odd_sum(builder, args[0], I32x8.ir, builder.sext)
+        return _madd_pairs_ir(builder, args[0])
     return I32x8(a), codegen
+
+
+@intrinsic
+def dot4_u8s8(typingctx, acc, a, b):
+    """acc + (a's bytes unsigned times b's signed, the 4 products of each int32 lane added):
+    I32x8, exact (no saturation) for the kernels' operands (|a| <= 128, |b| <= 127: a lane
+    adds at most 65024). One `vpdpbusd` where the target has VNNI; elsewhere madd_u8s8 then
+    madd_pairs (whose pair sums the same bounds keep below int16's limit), the same integers."""
+    def codegen(context, builder, signature, args):
+        total, x, y = args
+        if VNNI:
+            word = ir.VectorType(_I32, 8)
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.256", word,
+                         [total, builder.bitcast(x, word), builder.bitcast(y, word)])
+        return builder.add(total, _madd_pairs_ir(builder, _madd_u8s8_ir(builder, x, y)))
+    return I32x8(acc, a, b), codegen
 
 
 @intrinsic
