@@ -19,8 +19,8 @@ The definition (every float operation float32, rounded on its own):
   (for z > 0 the kernel sums q and subtracts z * sx: the same exact integer).
 
 Why a row's bits depend only on its own x and the weights: the integer sum is exact, so the
-order in which the instructions add its products (pairs, then 16-bit lanes, then 32-bit,
-simd.py) cannot change it; the float steps run per output lane in segment order, the same
+order in which the instructions add its products (pairs, then 16-bit lanes, then 32-bit;
+or 4 at a time into 32 bits with VNNI's vpdpbusd: simd.py) cannot change it; the float steps run per output lane in segment order, the same
 for 1 row or 4096, on any thread, under any instruction set (simd.py: no FMA, no
 reassociation). Rows share the unpacked weights, never an accumulator; threads split
 (row chunk, output tiles) pairs, never a sum.

@@ -14,9 +14,11 @@ give them, which linear_int.py bounds), or is one IEEE-754 float32 operation per
 the instruction that computes it in one step (AVX2 `vpmaddubsw`, `vpmaddwd`; SSSE3/SSE2's
 128-bit forms on each half), the intrinsic calls it; elsewhere (NUMBA_CPU_NAME=generic,
 other architectures) it emits the same definition in portable IR (widen, multiply, add
-the even and odd lanes). Integer results are exact either way, float lanes are rounded
-alone (no fast-math flag: LLVM may not fuse a multiply and an add), so the bits do not
-depend on which lowering ran. numba caches a kernel per target CPU and feature set, so a
+the even and odd lanes). dot4_u8s8 adds 4 products a lane straight into int32 with VNNI's
+`vpdpbusd` where the target has AVX512-VNNI (or AVX-VNNI), and with the pair above
+elsewhere. Integer results are exact either way, float lanes are rounded alone (no
+fast-math flag: LLVM may not fuse a multiply and an add), so the bits do not depend on
+which lowering ran. numba caches a kernel per target CPU and feature set, so a
 kernel compiled for one lowering is never run on a machine of the other.
 
 Lane layouts (what the loads mean, linear_int.py lays the weights out to match):
