@@ -149,7 +149,7 @@ def plan(full: bool) -> list[Configuration]:
             configs.append(Configuration(name, {}, True, "", skipped=f"CPU lacks {' '.join(sorted(needs - flags))}"))
         else:
             configs.append(Configuration(name, {**compile_env(target), "OPENBLAS_CORETYPE": core},
-                                         reduced=not full, why=f"NUMBA_CPU_NAME={target} OPENBLAS_CORETYPE={core}"))
+                                         reduced=not full, why=f"NUMBA_CPU_NAME={target} (its features) OPENBLAS_CORETYPE={core}"))
     targets = dispatch_targets()
     configs.append(Configuration("NumPy reference backend", {"TINYLOOP_CPU_KERNELS": "numpy",
                                                              "NPY_DISABLE_CPU_FEATURES": " ".join(targets) or None},
