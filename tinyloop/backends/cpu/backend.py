@@ -113,7 +113,7 @@ class CpuBackend(NumpyBackend):
         if not _one_pool(parts):                        # caches of pools of their own (tests, tools)
             return super().kv_write_parts(keys, values, parts, holder)
         kv_write_many(keys, values, [(start, stop, storage, slot, plan.write_rows)
-                                     for start, stop, storage, slot, plan in parts])
+                                     for start, stop, storage, slot, plan in parts], holder)
 
     def attention_parts(self, q, parts, scale, holder):
         if not _one_pool(parts):

@@ -113,22 +113,32 @@ def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.n
         write_rows(bits, group_len, storage.rotation is not None, side, table_row, checked[1], x, checked=True)
 
 
-def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list) -> None:
+def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list, holder: dict | None = None) -> None:
     """kv_write for several caches' rows in one kernel call per side: parts [(start, stop,
     storage, slot, physical rows)] own rows [start, stop) of keys and values (T, n_kv, hd), all
     in one pool. Each row's pool row is worked out here through its cache's table, and the
     kernel stores the rows through the identity table: what it stores in each row is what
-    kv_write of that row alone stores (the write is per row)."""
+    kv_write of that row alone stores (the write is per row). holder (a forward's dict): the
+    checked rows, split into block and offset, are kept there for the forward's other layers,
+    so a layer call only looks its parts' blocks up in their slots' table rows."""
     first = parts[0][2]
     pool = first.pool
-    pool_rows = []
-    for start, stop, storage, slot, rows in parts:
-        if storage.pool is not pool:
-            raise ValueError("a KV write over caches of different pools in one call")
-        rows = checked_rows(rows, stop - start, storage.rows)
-        pool_rows.append(storage.table[slot, rows // ATTENTION_BLOCK].astype(np.int64) * ATTENTION_BLOCK
-                         + rows % ATTENTION_BLOCK)
-    rows = np.concatenate(pool_rows)
+    key = ("numba kv parts", tuple((start, stop, id(storage)) for start, stop, storage, _, _ in parts))
+    kept = holder.get(key) if holder is not None else None
+    if kept is None:
+        blocks, offsets = [], []
+        for start, stop, storage, _, rows in parts:
+            if storage.pool is not pool:
+                raise ValueError("a KV write over caches of different pools in one call")
+            rows = checked_rows(rows, stop - start, storage.rows)
+            blocks.append(rows // ATTENTION_BLOCK)
+            offsets.append(rows % ATTENTION_BLOCK)
+        kept = ([storage for _, _, storage, _, _ in parts], blocks, np.concatenate(offsets))   # storages held: ids stay
+        if holder is not None:
+            holder[key] = kept
+    _, blocks, offsets = kept
+    physical = np.concatenate([storage.table[slot, block] for (_, _, storage, slot, _), block in zip(parts, blocks)])
+    rows = physical.astype(np.int64) * ATTENTION_BLOCK + offsets
     identity = pool.identity_table()
     bits = kernel_bits(first.mode)
     group_len = group_size(first.head_dim)
