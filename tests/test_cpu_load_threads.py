@@ -32,4 +32,4 @@ def test_loading_a_model_leaves_no_thread_behind(tmp_path):
     result = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     before, after = (int(n) for n in result.stdout.split()[-2:])
-    assert after == before, f"{after - before} thread(s) left behind by the load"
+    assert after <= before, f"{after - before} thread(s) left behind by the load"
