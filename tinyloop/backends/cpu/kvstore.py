@@ -19,8 +19,7 @@ from tinyloop.backends.reference.kvstore import KVStorage  # noqa: F401  (the vi
 from tinyloop.backends.reference.kvstore import PoolStorage as NumpyPoolStorage
 from tinyloop.backends.reference.kvstore import store_for as numpy_store_for
 from tinyloop.limits import ATTENTION_BLOCK
-from tinyloop.backends.cpu.kernels.kv import checked_rows
-from tinyloop.backends.cpu.kernels.kv import write as write_rows
+from tinyloop.backends.cpu.kernels.kv import SideWriter, checked_rows
 from tinyloop.kv.modes import CODE_BITS, check_mode, group_size, hadamard
 
 HALF_BITS = 16                   # the kernels' "bits" of the fp16 mode's half store
@@ -98,19 +97,21 @@ def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.n
     """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
     by the compiled kernel (kernels/kv.py; int4-h rotates with rotation.py's FWHT first),
     through the cache's block table. Its oracle is the NumPy stores (store_for(mode).store of
-    the rotated rows). prepared (a plan's dict): the checked physical rows are kept there for
-    the forward's other layers."""
-    bits = kernel_bits(storage.mode)
-    group_len = group_size(storage.head_dim)
+    the rotated rows). prepared (a plan's dict): the checked physical rows and each side's
+    writer (kernels/kv.py SideWriter) are kept there for the forward's other layers."""
     key = ("numba kv rows", id(storage), keys.shape[0])
-    checked = prepared.get(key) if prepared is not None else None
-    if checked is None:
-        checked = (storage, checked_rows(rows, keys.shape[0], storage.rows))
+    kept = prepared.get(key) if prepared is not None else None
+    if kept is None:
+        bits, group_len, rotate = kernel_bits(storage.mode), group_size(storage.head_dim), storage.rotation is not None
+        _, n_kv, head_dim = keys.shape
+        kept = (storage, checked_rows(rows, keys.shape[0], storage.rows),
+                [SideWriter(bits, group_len, rotate, side, n_kv, head_dim) for side in (storage.keys, storage.values)])
         if prepared is not None:
-            prepared[key] = checked                     # storage held: its id stays its own
+            prepared[key] = kept                        # storage held: its id stays its own
+    _, checked, (write_keys, write_values) = kept
     table_row = storage.table[slot]
-    for side, x in ((storage.keys, keys), (storage.values, values)):
-        write_rows(bits, group_len, storage.rotation is not None, side, table_row, checked[1], x, checked=True)
+    write_keys(table_row, checked, keys)
+    write_values(table_row, checked, values)
 
 
 def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list, holder: dict | None = None) -> None:
@@ -133,14 +134,16 @@ def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list, holder: dic
             rows = checked_rows(rows, stop - start, storage.rows)
             blocks.append(rows // ATTENTION_BLOCK)
             offsets.append(rows % ATTENTION_BLOCK)
-        kept = ([storage for _, _, storage, _, _ in parts], blocks, np.concatenate(offsets))   # storages held: ids stay
+        _, n_kv, head_dim = keys.shape
+        bits, rotate = kernel_bits(first.mode), first.rotation is not None
+        writers = [SideWriter(bits, group_size(first.head_dim), rotate, side, n_kv, head_dim)
+                   for side in (first.keys, first.values)]
+        kept = ([storage for _, _, storage, _, _ in parts], blocks, np.concatenate(offsets), writers)  # ids stay
         if holder is not None:
             holder[key] = kept
-    _, blocks, offsets = kept
+    _, blocks, offsets, (write_keys, write_values) = kept
     physical = np.concatenate([storage.table[slot, block] for (_, _, storage, slot, _), block in zip(parts, blocks)])
     rows = physical.astype(np.int64) * ATTENTION_BLOCK + offsets
     identity = pool.identity_table()
-    bits = kernel_bits(first.mode)
-    group_len = group_size(first.head_dim)
-    for side, x in ((first.keys, keys), (first.values, values)):
-        write_rows(bits, group_len, first.rotation is not None, side, identity, rows, x, checked=True)
+    write_keys(identity, rows, keys)
+    write_values(identity, rows, values)

@@ -155,6 +155,36 @@ def pool_rows_of(mode_bits: int, side: dict) -> int:
     return (side["data"] if mode_bits in (0, 16) else side["codes"]).shape[1]
 
 
+class SideWriter:
+    """What a write into one side of the pool needs besides its rows: the kernel's flat
+    views of the side's arrays and its constants, worked out once (a forward's KV writes
+    keep one per side for all its layers: kvstore.kv_write)."""
+
+    def __init__(self, mode_bits: int, group_len: int, rotate: bool, side: dict, n_kv: int, head_dim: int):
+        self.shape_tail = (n_kv, head_dim)
+        self.n_rows = pool_rows_of(mode_bits, side)
+        if mode_bits == 0:
+            data = side["data"]
+            operands = (data.reshape(-1), data.shape[-1], _NO_HALF, _NO_CODES, _NO_HALF, _NO_HALF)
+        elif mode_bits == 16:
+            operands = (_NO_FLOAT, 0, side["data"].reshape(-1), _NO_CODES, _NO_HALF, _NO_HALF)
+        else:
+            codes = side["codes"]
+            operands = (_NO_FLOAT, 0, _NO_HALF, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
+                        side["min"].reshape(-1).view(np.uint16))
+        self.args = (int(n_kv), int(self.n_rows), int(mode_bits), int(group_len), bool(rotate),
+                     F(1.0 / np.sqrt(head_dim)), *operands)
+
+    def __call__(self, table_row: np.ndarray, rows: np.ndarray, x: np.ndarray) -> None:
+        """x (T, n_kv, hd) at the checked physical rows (checked_rows: (T,) int64, inside the
+        table row's blocks) of the slot whose block table row is `table_row`."""
+        x = np.ascontiguousarray(x, np.float32)
+        if x.shape[1:] != self.shape_tail or rows.shape != (x.shape[0],):
+            raise ValueError(f"{x.shape} rows to write at {rows.shape} rows of (n_kv, hd) = {self.shape_tail}")
+        kernel = _write if x.shape[0] * self.shape_tail[0] >= PARALLEL_ROWS else _write_serial
+        kernel(x, rows, table_row, *self.args)
+
+
 def write(mode_bits: int, group_len: int, rotate: bool, side: dict, table_row: np.ndarray, rows, x: np.ndarray,
           checked: bool = False) -> None:
     """x (T, n_kv, hd) stored at physical rows (a slice or a (T,) int array; checked=True: a
@@ -170,15 +200,4 @@ def write(mode_bits: int, group_len: int, rotate: bool, side: dict, table_row: n
         if n_tokens and not 0 <= int(table_row[rows // BLOCK].min()) <= int(table_row[rows // BLOCK].max()) \
                 < n_rows // BLOCK:
             raise IndexError("a block table entry outside the pool")
-    norm = F(1.0 / np.sqrt(head_dim))
-    if mode_bits == 0:
-        data = side["data"]
-        args = (data.reshape(-1), data.shape[-1], _NO_HALF, _NO_CODES, _NO_HALF, _NO_HALF)
-    elif mode_bits == 16:
-        args = (_NO_FLOAT, 0, side["data"].reshape(-1), _NO_CODES, _NO_HALF, _NO_HALF)
-    else:
-        codes = side["codes"]
-        args = (_NO_FLOAT, 0, _NO_HALF, codes.reshape(-1), side["scale"].reshape(-1).view(np.uint16),
-                side["min"].reshape(-1).view(np.uint16))
-    kernel = _write if n_tokens * n_kv >= PARALLEL_ROWS else _write_serial
-    kernel(x, rows, table_row, int(n_kv), int(n_rows), int(mode_bits), int(group_len), bool(rotate), norm, *args)
+    SideWriter(mode_bits, group_len, rotate, side, n_kv, head_dim)(table_row, rows, x)
