@@ -186,10 +186,7 @@ def compile_targets() -> list[Target]:
 def fingerprint(target: Target, path: Path) -> dict | None:
     """Run scripts/logit_fingerprint.py on the compiled kernels under `target`; its arrays."""
     import numpy as np
-    env = environment({"TINYLOOP_CPU_KERNELS": "numba"})
-    env.pop("NUMBA_CPU_NAME", None)
-    env.pop("NUMBA_CPU_FEATURES", None)
-    env.update(compile_env(target.name))
+    env = environment({"TINYLOOP_CPU_KERNELS": "numba", **compile_env(target.name)})
     start = time.perf_counter()
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "logit_fingerprint.py"), str(path)], cwd=ROOT,
                          env=env, capture_output=True, text=True)

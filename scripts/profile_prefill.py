@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from tinyloop.engine.engine import default_prefill_chunk
 from tinyloop.engine.generate import GenerationRequest, generate
 from tinyloop.model.loader import load_model
 
@@ -43,12 +44,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", help="a .tinyloop file (default: the default model, pulled if needed)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1536, 4096])
-    parser.add_argument("--chunk", type=int, default=128, help="prefill chunk (default 128, the engine's)")
+    parser.add_argument("--chunk", type=int, help="prefill chunk (default: the engine's on this backend: 32 on "
+                                                  "the CPU, 128 on CUDA)")
     args = parser.parse_args()
     if args.model is None:
         from tinyloop.convert.pull import ensure_default_model
         args.model = str(ensure_default_model())
     model = load_model(args.model).model
+    chunk = args.chunk or default_prefill_chunk(model.backend)
     spent: dict = {}
     wrap_backend(model.backend, spent)
     rng = np.random.default_rng(0)
@@ -57,10 +60,10 @@ def main() -> None:
     for length in args.lengths:
         prompt = [int(t) for t in rng.integers(100, model.config.vocab_size - 100, length)]
         request = GenerationRequest(prompt, 1, loops=1, ignore_eos=True)
-        generate(model, request, prefill_chunk=args.chunk)                  # warm-up
+        generate(model, request, prefill_chunk=chunk)                  # warm-up
         spent.clear()
         started = time.perf_counter()
-        generate(model, request, prefill_chunk=args.chunk)
+        generate(model, request, prefill_chunk=chunk)
         total = time.perf_counter() - started
         linear = spent.get("linear", 0.0)
         attention = spent.get("attention", 0.0) + spent.get("attention_parts", 0.0)

@@ -213,28 +213,26 @@ def test_a_cancelled_or_failing_request_ends_alone(loaded, monkeypatch):
         engine.stop()
 
 
-def test_the_engine_cuts_prompts_at_its_backends_default_chunk_unless_told(loaded):
+def test_the_engine_cuts_prompts_at_its_backends_default_chunk_unless_told(loaded, monkeypatch):
     """The CPU backend's chunk (32 rows: backends/cpu/backend.py) is the engine's default, a
     setting wins, and a 100-token prompt is prefilled in forwards of at most that many rows
     that end at its multiples."""
+    import tinyloop.engine.engine as engine_module
+
     assert loaded.model.backend.default_prefill_chunk == 32
     chunks = []
+    real = engine_module.run_passes
+
+    def recording(model, passes):
+        chunks.extend((int(p.positions[0]), int(p.positions[-1]) + 1) for p in passes if not p.exact)
+        return real(model, passes)
+    monkeypatch.setattr(engine_module, "run_passes", recording)
     engine = Engine(loaded, max_running=2)
     told = Engine(loaded, max_running=2, prefill_chunk=48)
     try:
         assert (engine.prefill_chunk, engine.step_tokens, told.prefill_chunk) == (32, 64, 48)
-        import tinyloop.engine.engine as engine_module
-        real = engine_module.run_passes
-
-        def recording(model, passes):
-            chunks.extend((int(p.positions[0]), int(p.positions[-1]) + 1) for p in passes if not p.exact)
-            return real(model, passes)
-        engine_module.run_passes = recording
-        try:
-            request = GenerationRequest(list(range(3, 103)), 2, ignore_eos=True)
-            assert engine_results(engine, [request]) == [outcome(generate(loaded.model, request))]
-        finally:
-            engine_module.run_passes = real
+        request = GenerationRequest(list(range(3, 103)), 2, ignore_eos=True)
+        assert engine_results(engine, [request]) == [outcome(generate(loaded.model, request))]
         assert chunks == [(0, 32), (32, 64), (64, 96), (96, 100)]
     finally:
         engine.stop()

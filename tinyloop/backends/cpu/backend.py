@@ -34,8 +34,11 @@ def warm_up_kernels() -> None:
     are warmed per weight kind as the weights are prepared: linear.py)."""
     if not _WARM:
         from tinyloop.backends.cpu.kernels import attention as attention_kernels
-        on_a_passing_thread(row_kernels.warm_up)
-        on_a_passing_thread(attention_kernels.warm_up)
+
+        def warm_up():
+            row_kernels.warm_up()
+            attention_kernels.warm_up()
+        on_a_passing_thread(warm_up)
         _WARM.append(True)
 
 
@@ -57,6 +60,7 @@ class CpuBackend(NumpyBackend):
     # with 7 streams running and a 4,000-token prompt joining (2 threads): their median gap
     # 172 ms against 509 at 128 rows, the prompt's first token 19.6 s against 15.6 s.
     default_prefill_chunk = 32
+
     def __init__(self, description: str = "cpu", activations: str = "fp32"):
         super().__init__(description, activations)
         warm_up_kernels()           # compiled (first run) or loaded from numba's cache now, not in a request

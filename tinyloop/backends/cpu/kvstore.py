@@ -92,6 +92,12 @@ class PoolStorage(NumpyPoolStorage):
         return self._identity
 
 
+def side_writers(pool: PoolStorage, shape: tuple) -> tuple:
+    """The write kernel's (keys, values) writers of a pool, for rows of shape (T, n_kv, hd)."""
+    bits, group_len, rotate = kernel_bits(pool.mode), group_size(pool.head_dim), pool.rotation is not None
+    return tuple(SideWriter(bits, group_len, rotate, side, shape[1], shape[2]) for side in (pool.keys, pool.values))
+
+
 def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.ndarray, prepared: dict | None = None
              ) -> None:
     """keys, values (T, n_kv, hd) stored at physical rows (a slice or a (T,) array) of `slot`
@@ -102,10 +108,7 @@ def kv_write(storage: KVStorage, slot: int, rows, keys: np.ndarray, values: np.n
     key = ("numba kv rows", id(storage), keys.shape[0])
     kept = prepared.get(key) if prepared is not None else None
     if kept is None:
-        bits, group_len, rotate = kernel_bits(storage.mode), group_size(storage.head_dim), storage.rotation is not None
-        _, n_kv, head_dim = keys.shape
-        kept = (storage, checked_rows(rows, keys.shape[0], storage.rows),
-                [SideWriter(bits, group_len, rotate, side, n_kv, head_dim) for side in (storage.keys, storage.values)])
+        kept = (storage, checked_rows(rows, keys.shape[0], storage.rows), side_writers(storage.pool, keys.shape))
         if prepared is not None:
             prepared[key] = kept                        # storage held: its id stays its own
     _, checked, (write_keys, write_values) = kept
@@ -134,11 +137,8 @@ def kv_write_many(keys: np.ndarray, values: np.ndarray, parts: list, holder: dic
             rows = checked_rows(rows, stop - start, storage.rows)
             blocks.append(rows // ATTENTION_BLOCK)
             offsets.append(rows % ATTENTION_BLOCK)
-        _, n_kv, head_dim = keys.shape
-        bits, rotate = kernel_bits(first.mode), first.rotation is not None
-        writers = [SideWriter(bits, group_size(first.head_dim), rotate, side, n_kv, head_dim)
-                   for side in (first.keys, first.values)]
-        kept = ([storage for _, _, storage, _, _ in parts], blocks, np.concatenate(offsets), writers)  # ids stay
+        kept = ([storage for _, _, storage, _, _ in parts], blocks, np.concatenate(offsets),  # storages held: ids stay
+                side_writers(pool, keys.shape))
         if holder is not None:
             holder[key] = kept
     _, blocks, offsets, (write_keys, write_values) = kept

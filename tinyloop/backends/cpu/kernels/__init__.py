@@ -89,7 +89,7 @@ def on_a_passing_thread(fn, *args):
             result.append(fn(*args))
         except BaseException as exc:      # noqa: BLE001 - handed to the caller
             failure.append(exc)
-    thread = threading.Thread(target=run, name="tinyloop-kernel-warm-up")
+    thread = threading.Thread(target=run, name="tinyloop-kernels-at-load")
     thread.start()
     thread.join()
     if failure:

@@ -37,8 +37,9 @@ def half_to_float_arithmetic(h):
 def _fpext_half(typingctx, h):
     """uint16 half bits -> float32 through LLVM's fpext (F16C targets only)."""
     def codegen(context, builder, signature, args):
-        bits16 = builder.trunc(args[0], ir.IntType(16)) if args[0].type != ir.IntType(16) else args[0]
-        return builder.fpext(builder.bitcast(bits16, ir.HalfType()), ir.FloatType())
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    if h != types.uint16:
+        return None
     return types.float32(h), codegen
 
 

@@ -156,9 +156,11 @@ def pool_rows_of(mode_bits: int, side: dict) -> int:
 
 
 class SideWriter:
-    """What a write into one side of the pool needs besides its rows: the kernel's flat
-    views of the side's arrays and its constants, worked out once (a forward's KV writes
-    keep one per side for all its layers: kvstore.kv_write)."""
+    """The KV write into one side of a pool (mode_bits 0: fp32 `data` (n_kv, rows, hd [+ 1])
+    float32; 16: fp16 `data` (n_kv, rows, hd) uint16 half bits, rounded to nearest even; int
+    modes `codes`, `scale`, `min`): the kernel's flat views of the side's arrays and its
+    constants, worked out once (a forward keeps one per side for all its layers:
+    kvstore.py), then one kernel call per write."""
 
     def __init__(self, mode_bits: int, group_len: int, rotate: bool, side: dict, n_kv: int, head_dim: int):
         self.shape_tail = (n_kv, head_dim)
@@ -183,21 +185,3 @@ class SideWriter:
             raise ValueError(f"{x.shape} rows to write at {rows.shape} rows of (n_kv, hd) = {self.shape_tail}")
         kernel = _write if x.shape[0] * self.shape_tail[0] >= PARALLEL_ROWS else _write_serial
         kernel(x, rows, table_row, *self.args)
-
-
-def write(mode_bits: int, group_len: int, rotate: bool, side: dict, table_row: np.ndarray, rows, x: np.ndarray,
-          checked: bool = False) -> None:
-    """x (T, n_kv, hd) stored at physical rows (a slice or a (T,) int array; checked=True: a
-    checked_rows array) of the slot whose block table row (blocks,) int32 is `table_row`, in
-    one side of the pool (mode_bits 0: fp32 `data` (n_kv, rows, hd [+ 1]) float32; 16: fp16
-    `data` (n_kv, rows, hd) uint16 half bits, rounded to nearest even; int modes `codes`,
-    `scale`, `min`)."""
-    x = np.ascontiguousarray(x, np.float32)
-    n_tokens, n_kv, head_dim = x.shape
-    n_rows = pool_rows_of(mode_bits, side)
-    if not checked:                # (a cache's own table holds only its pool's blocks: kv/cache.py)
-        rows = checked_rows(rows, n_tokens, table_row.shape[0] * BLOCK)
-        if n_tokens and not 0 <= int(table_row[rows // BLOCK].min()) <= int(table_row[rows // BLOCK].max()) \
-                < n_rows // BLOCK:
-            raise IndexError("a block table entry outside the pool")
-    SideWriter(mode_bits, group_len, rotate, side, n_kv, head_dim)(table_row, rows, x)

@@ -19,10 +19,10 @@ The definition (every float operation float32, rounded on its own):
   (for z > 0 the kernel sums q and subtracts z * sx: the same exact integer).
 
 Why a row's bits depend only on its own x and the weights: the integer sum is exact, so the
-order in which the instructions add its products (pairs, then 16-bit lanes, then 32-bit;
-or 4 at a time into 32 bits with VNNI's vpdpbusd: simd.py) cannot change it; the float steps run per output lane in segment order, the same
-for 1 row or 4096, on any thread, under any instruction set (simd.py: no FMA, no
-reassociation). Rows share the unpacked weights, never an accumulator; threads split
+order in which the instructions add its products (pairs, then 16-bit lanes, then 32-bit; or
+4 at a time into 32 bits with VNNI's vpdpbusd: simd.py) cannot change it; the float steps
+run per output lane in segment order, the same for 1 row or 4096, on any thread, under any
+instruction set (simd.py: no FMA, no reassociation). Rows share the unpacked weights, never an accumulator; threads split
 (row chunk, output tiles) pairs, never a sum.
 
 Bounds that keep every integer step exact (simd.py's operations are exact below them): a
@@ -43,8 +43,8 @@ import numpy as np
 from numba import njit, prange
 
 from tinyloop.backends.cpu.kernels.simd import (
-    VNNI, abs_bytes, add_i16, add_i32, broadcast4, dot4_u8s8, fadd, fmul, load_bytes, load_crumbs, load_f32, load_f32x8, load_group8,
-    load_i32, load_nibbles,
+    VNNI, abs_bytes, add_i16, add_i32, broadcast4, dot4_u8s8, fadd, fmul, load_bytes, load_crumbs, load_f32,
+    load_f32x8, load_group8, load_i32, load_nibbles,
     madd_pairs, madd_u8s8, sign_bytes, splat_f32, splat_i32, store_f32x8, sub_i32, to_f32x8, zero_f32, zero_i16,
     zero_i32)
 

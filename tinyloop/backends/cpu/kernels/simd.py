@@ -99,6 +99,13 @@ def _joined(builder, lo, hi):
     return _lanes(builder, lo, hi, range(2 * lo.type.count))
 
 
+def _per_half(builder, name, half_result: ir.VectorType, x, y):
+    """A 128-bit instruction `name` on the low halves of x and y, then on their high halves,
+    the two results joined: the SSSE3/SSE2 form of a 256-bit operation."""
+    (xl, xh), (yl, yh) = _halves(builder, x), _halves(builder, y)
+    return _joined(builder, _call(builder, name, half_result, [xl, yl]), _call(builder, name, half_result, [xh, yh]))
+
+
 def _call(builder, name, result, args):
     function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, [a.type for a in args]), name)
     return builder.call(function, args)
@@ -262,10 +269,7 @@ def _madd_u8s8_ir(builder, x, y):
     if LOWERING == "avx2":
         return _call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16.ir, [x, y])
     if LOWERING == "ssse3":
-        r8 = ir.VectorType(ir.IntType(16), 8)
-        (xl, xh), (yl, yh) = _halves(builder, x), _halves(builder, y)
-        return _joined(builder, _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xl, yl]),
-                       _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", r8, [xh, yh]))
+        return _per_half(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", ir.VectorType(ir.IntType(16), 8), x, y)
     wide = ir.VectorType(_I32, 32)
     products = builder.mul(builder.zext(x, wide), builder.sext(y, wide))
     sums = _even_odd_sum(builder, products, ir.VectorType(_I32, 16), lambda v, t: v)
@@ -280,10 +284,7 @@ def _madd_pairs_ir(builder, v):
     if LOWERING == "avx2":                      # vpmaddwd / pmaddwd by ones: the pair sum, exact
         return _call(builder, "llvm.x86.avx2.pmadd.wd", I32x8.ir, [v, _const(I16x16.ir, 1)])
     if LOWERING == "ssse3":
-        r4, v8 = ir.VectorType(_I32, 4), ir.VectorType(ir.IntType(16), 8)
-        lo, hi = _halves(builder, v)
-        return _joined(builder, _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [lo, _const(v8, 1)]),
-                       _call(builder, "llvm.x86.sse2.pmadd.wd", r4, [hi, _const(v8, 1)]))
+        return _per_half(builder, "llvm.x86.sse2.pmadd.wd", ir.VectorType(_I32, 4), v, _const(I16x16.ir, 1))
     return _even_odd_sum(builder, v, I32x8.ir, builder.sext)
 
 
@@ -333,10 +334,7 @@ def sign_bytes(typingctx, a, b):
         if LOWERING == "avx2":
             return _call(builder, "llvm.x86.avx2.psign.b", I8x32.ir, [x, y])
         if LOWERING == "ssse3":
-            v16 = ir.VectorType(ir.IntType(8), 16)
-            (xl, xh), (yl, yh) = _halves(builder, x), _halves(builder, y)
-            return _joined(builder, _call(builder, "llvm.x86.ssse3.psign.b.128", v16, [xl, yl]),
-                           _call(builder, "llvm.x86.ssse3.psign.b.128", v16, [xh, yh]))
+            return _per_half(builder, "llvm.x86.ssse3.psign.b.128", ir.VectorType(ir.IntType(8), 16), x, y)
         zero = _const(I8x32.ir, 0)
         negated = builder.select(builder.icmp_signed("<", y, zero), builder.sub(zero, x), x)
         return builder.select(builder.icmp_signed("==", y, zero), zero, negated)
