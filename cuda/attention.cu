@@ -3,8 +3,8 @@
 //
 // attention_<mode>: query t (logical position pos[t]) attends to the keys it sees, as
 // cuda/README.md "Attention geometry" says, reading the stored cache directly: a 64-key
-// block is dequantized into a shared tile (keys, then values), never into a float copy of
-// the cache. The twin is tinyloop/backends/reference/twins/attention.py.
+// block's keys and values are loaded together, in 16-byte pieces where the rows allow it
+// (att_stage), and dequantized into two shared tiles, never into a float copy of the cache. The twin is tinyloop/backends/reference/twins/attention.py.
 //
 // Partition (cuda/README.md "Attention: split context"): chunk c of every query is the
 // logical blocks [c S, (c + 1) S), S = ATT_CHUNK_BLOCKS, clipped to the query's own blocks
@@ -14,7 +14,7 @@
 //
 // Two launches per call (launch/attention.py):
 //   pass 1, attention_<mode>: grid (T, n_kv, max_chunks), block ATT_THREADS (a multiple of
-//     32), dynamic shared (2 G hd + 64 (hd | 1) + 68 G) floats, G = n_heads / n_kv. Block
+//     32), dynamic shared (2 G hd + 128 (hd | 1) + 68 G) floats, G = n_heads / n_kv. Block
 //     (t, g, z) serves query t's chunk c = first // S + z for kv head g and the G query heads
 //     sharing it (nothing when c > last // S), and writes the chunk's partial (acc, l, m) to
 //     partials[t, g, z] = (G hd + 2 G) floats: acc (G, hd), then l (G), then m (G).
@@ -155,8 +155,152 @@ __device__ void att_tile(const KVSide& side, float* tile, int stride, long long 
     for (int j = warp; j < TL_BLOCK; j += n_warps) {
         if (!geo.visible(b * TL_BLOCK + j)) continue;          // masked rows are never read
         long long row = plane * n_rows + geo.pool_row(b, j);
-        for (int d = lane; d < hd; d += 32) tile[j * stride + d] = att_load<MODE>(side, row, d, hd);
+        for (int d = lane; d < hd; d += 32) tile[j * stride + d] = att_load<MODE>(side, row, d, hd);   // sass: attention-tile
     }
+}
+
+// 16-byte pieces a thread loads before it converts any (4 registers each): 8 in the float
+// modes; 4 in the int modes, whose pieces hold 16 or 32 elements (an int4 block of hd 128
+// is 4 pieces per thread in all) and whose conversion, unrolled, would not fit 8.
+template <int MODE> __device__ __forceinline__ constexpr int att_batch() {
+    return (MODE == ATT_INT8 || MODE == ATT_INT4) ? 4 : 8;
+}
+
+// Bytes of one stored row of one side.
+template <int MODE> __device__ __forceinline__ int att_row_bytes(int hd) {
+    return MODE == ATT_FP32 ? 4 * hd : MODE == ATT_FP16 ? 2 * hd : MODE == ATT_INT8 ? hd : hd / 2;
+}
+
+// Elements in a 16-byte piece of a stored row.
+template <int MODE> __device__ __forceinline__ constexpr int att_piece_elements() {
+    return MODE == ATT_FP32 ? 4 : MODE == ATT_FP16 ? 8 : MODE == ATT_INT8 ? 16 : 32;
+}
+
+// Element e of a loaded piece, dequantized (an int mode's piece lies in one group: its
+// scale s and min m): att_load's value for the same element, bit for bit.
+template <int MODE>
+__device__ __forceinline__ float att_piece_element(const TlWords4& raw, int e, float s, float m) {
+    if (MODE == ATT_FP32) return __uint_as_float(raw.w[e]);
+    if (MODE == ATT_FP16)
+        return __half2float(__ushort_as_half((unsigned short)(raw.w[e >> 1] >> ((e & 1) * 16))));
+    int code;
+    if (MODE == ATT_INT8) code = (raw.w[e >> 2] >> ((e & 3) * 8)) & 255;
+    else code = (raw.w[e >> 3] >> ((e & 7) * 4)) & 15;          // byte e / 2, low nibble first
+    return tl_add(tl_mul((float)code, s), m);
+}
+
+// The 16-byte pieces of block b's visible rows, both sides, into their tiles (att_stage). TAIL:
+// the block is a tree's tail, each row found through tail_rows and the block table; otherwise
+// the block's rows are one pool block's, first_row + j (one table read per block).
+template <int MODE, bool TAIL>
+__device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSide& values, float* ktile,
+                                                 float* vtile, int stride, long long plane, int n_rows, int hd,
+                                                 int b, const AttGeometry& geo, long long first_row) {
+    constexpr int PE = att_piece_elements<MODE>(), BATCH = att_batch<MODE>();
+    const int row_bytes = att_row_bytes<MODE>(hd), pieces = row_bytes / 16, per_side = TL_BLOCK * pieces;
+    const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
+    for (int p0 = threadIdx.x; p0 < 2 * per_side; p0 += BATCH * blockDim.x) {
+        TlWords4 raw[BATCH];
+        __half sc[BATCH], mn[BATCH];       // widened where they are used: a widening here would wait for its load
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {                        // the loads of the batch
+            const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
+            if (p < 2 * per_side && geo.visible(b * TL_BLOCK + j)) {
+                // the side's pointers chosen by value: a reference to either struct would put both on the stack
+                const bool key = p < per_side;
+                const long long row = plane * n_rows + (TAIL ? geo.pool_row(b, j) : first_row + j);
+                const unsigned char* data = (const unsigned char*)(key ? keys.data : values.data);
+                raw[i] = ((const TlWords4*)(data + row * row_bytes))[k];   // sass: attention-stage
+                if (MODE == ATT_INT8 || MODE == ATT_INT4) {
+                    const long long gi = row * groups + k * PE / gsize;
+                    sc[i] = (key ? keys.scale : values.scale)[gi];
+                    mn[i] = (key ? keys.min : values.min)[gi];
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {                        // then their conversion
+            const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
+            if (p < 2 * per_side && geo.visible(b * TL_BLOCK + j)) {
+                float* out = (p < per_side ? ktile : vtile) + j * stride + k * PE;
+                const bool coded = MODE == ATT_INT8 || MODE == ATT_INT4;
+                const float s_i = coded ? __half2float(sc[i]) : 0.0f, m_i = coded ? __half2float(mn[i]) : 0.0f;
+#pragma unroll
+                for (int e = 0; e < PE; ++e) out[e] = att_piece_element<MODE>(raw[i], e, s_i, m_i);
+            }
+        }
+    }
+}
+
+// Stage block b's visible rows of keys and values into their float tiles (64, stride), in one
+// phase. vector = 1 (the launcher's check: every stored row and the arrays 16-byte aligned):
+// the rows are cut into 16-byte pieces, a thread takes att_batch() pieces at a time and issues
+// every load of the batch (and an int mode's scale and min) before it converts any, so a warp
+// keeps up to att_batch() x 512 bytes in flight per round trip; the block table is read once
+// per 64-key block (a tree's tail rows: per row). vector = 0: the element loader, keys then
+// values. Either way a tile element is att_load's value, bit for bit.
+template <int MODE>
+__device__ void att_stage(const KVSide& keys, const KVSide& values, float* ktile, float* vtile, int stride,
+                          long long plane, int n_rows, int hd, int b, const AttGeometry& geo, int vector) {
+    if (!vector) {
+        att_tile<MODE>(keys, ktile, stride, plane, n_rows, hd, b, geo);
+        att_tile<MODE>(values, vtile, stride, plane, n_rows, hd, b, geo);
+    } else if (geo.has_tail && b >= geo.shared_end) {           // uniform over the block
+        att_stage_pieces<MODE, true>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, 0);
+    } else {
+        att_stage_pieces<MODE, false>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo,
+                                      geo.pool_row(b, 0));
+    }
+}
+
+// A load that skips the SM's L1: the fused merge reads partials other blocks (other SMs) wrote
+// during this launch. The harness has one memory: a plain load.
+__device__ __forceinline__ float att_load_shared_result(const float* p) {
+#ifdef __CUDA_ARCH__
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
+// The merge of query t's chunk partials for kv head g (pass 1's layout) in increasing chunk
+// order, the division, and (rotate = 1: int4-h) the rotation back, into out; os: G hd floats of
+// shared memory. A thread per (head, d): it merges its element and its head's probability sum
+// itself, so no barrier is needed before the division. Called by every thread of the block.
+// A query with more chunks than max_chunks (positions outside the geometry the launcher sized
+// the grid for) gets NaN rather than a read past its partials.
+__device__ void att_merge(const float* partials, int t, int g, int n_kv, int hd, int G, int max_chunks, int pos,
+                          int window, int rotate, float* os, float* out) {
+    const int tid = threadIdx.x, nt = blockDim.x, lowest = att_lowest(pos, window);
+    const int n_chunks = pos / TL_BLOCK / ATT_CHUNK_BLOCKS - lowest / TL_BLOCK / ATT_CHUNK_BLOCKS + 1;
+    const int part = G * hd + 2 * G;
+    const float* base = partials + ((long long)t * n_kv + g) * max_chunks * part;
+    for (int e = tid; e < G * hd; e += nt) {
+        const int h = e / hd;
+        float m = ATT_NEG_INF, a = 0.0f, l = 0.0f;
+        if (n_chunks > max_chunks) {
+            os[e] = __int_as_float(0x7fc00000);
+            continue;
+        }
+        for (int c = 0; c < n_chunks; ++c) {
+            const float* p = base + (long long)c * part;
+            const float mc = att_load_shared_result(p + G * hd + G + h);
+            if (mc == ATT_NEG_INF) continue;                       // an empty chunk
+            const float m_new = fmaxf(m, mc);
+            const float corr_old = tl_exp(tl_sub(m, m_new));       // first chunk: exp(-inf) = 0
+            const float corr_new = tl_exp(tl_sub(mc, m_new));
+            a = tl_add(tl_mul(a, corr_old), tl_mul(att_load_shared_result(p + e), corr_new));
+            l = tl_add(tl_mul(l, corr_old), tl_mul(att_load_shared_result(p + G * hd + h), corr_new));
+            m = m_new;
+        }
+        os[e] = tl_div(a, l);
+    }
+    if (rotate) {                          // uniform over the block: the barriers inside are safe
+        __syncthreads();
+        att_fwht(os, G, hd);
+    }
+    float* out_row = out + ((long long)t * n_kv * G + (long long)g * G) * hd;
+    for (int e = tid; e < G * hd; e += nt) out_row[e] = os[e];
 }
 
 template <int MODE, bool ROTATE>
@@ -164,13 +308,15 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
                                const int* blocks, int n_kv, int n_rows, int hd, int group, const int* positions,
                                int window,
                                int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len,
-                               int has_tail, float scale, float* partials, int max_chunks) {
+                               int has_tail, float scale, float* partials, int max_chunks, int vector,
+                               unsigned int* counters, float* out) {
     const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
     const int stride = hd | 1;             // odd row stride: a warp reading one column of the tile hits 32 banks
     float* qs = att_smem;                  // (G, hd) the group's queries, rotated and scaled
-    float* tile = qs + G * hd;             // (64, stride) the block's keys, then its values
-    float* ps = tile + TL_BLOCK * stride;  // (G, 64) scores, then probabilities
+    float* ktile = qs + G * hd;            // (64, stride) the block's keys
+    float* vtile = ktile + TL_BLOCK * stride;  // (64, stride) its values
+    float* ps = vtile + TL_BLOCK * stride; // (G, 64) scores, then probabilities
     float* acc = ps + G * TL_BLOCK;        // (G hd + G) value sums per head, then the G probability sums
     float* ms = acc + G * hd + G;          // (G,) running max (acc, l, m: the partial, contiguous)
     float* corr = ms + G;                  // (G,) this block's correction exp(m - m')
@@ -206,12 +352,12 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
 
     for (int b = b_begin; b <= b_end; ++b) {
         const int k0 = b * TL_BLOCK;
-        att_tile<MODE>(keys, tile, stride, plane, n_rows, hd, b, geo);
+        att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector);
         __syncthreads();
         // scores (G, 64): a thread per (head, key)
         for (int p = tid; p < G * TL_BLOCK; p += nt) {
             int h = p / TL_BLOCK, j = p % TL_BLOCK;
-            ps[p] = geo.visible(k0 + j) ? att_dot(qs + h * hd, tile + j * stride, hd) : ATT_NEG_INF;
+            ps[p] = geo.visible(k0 + j) ? att_dot(qs + h * hd, ktile + j * stride, hd) : ATT_NEG_INF;
         }
         __syncthreads();
         // online softmax: a warp per head, each lane two keys (lane, lane + 32)
@@ -232,9 +378,8 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
             }
             if (lane == 0) skip[h] = empty;
         }
-        // the keys were last read before the previous barrier: the values can replace them now
-        att_tile<MODE>(values, tile, stride, plane, n_rows, hd, b, geo);
-        __syncthreads();
+        __syncthreads();                   // the probabilities are written
+
         // acc = acc * corr + tree_j(p_j v_j): a thread per (head, d), then per head the sum of p
         for (int o = tid; o < G * hd + G; o += nt) {
             int h = o < G * hd ? o / hd : o - G * hd;
@@ -242,7 +387,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
             const float* p = ps + h * TL_BLOCK;
             float sum;
             if (o < G * hd) {
-                const float* v = tile + (o - h * hd);
+                const float* v = vtile + (o - h * hd);
                 sum = AttTree<TL_BLOCK>::sum([&](int j) {
                     return geo.visible(k0 + j) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
             } else {
@@ -257,6 +402,26 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
     const int part = G * hd + 2 * G;
     float* out_part = partials + (((long long)t * n_kv + g) * max_chunks + z) * part;
     for (int e = tid; e < part; e += nt) out_part[e] = acc[e];
+    if (counters == nullptr) return;       // two launches: attention_merge merges
+
+    // The merge folded in: the last of the query's chunk blocks to finish merges every chunk, in
+    // the fixed order, into out (the arithmetic of attention_merge). Each block's fence puts its
+    // partial in memory before its count; the last one counts n_chunks (the chunk blocks that
+    // got here), resets the counter for the next launch (or a replayed graph) and merges.
+    __threadfence();
+    __syncthreads();                       // every thread's partial is written and fenced
+    if (tid == 0) {
+        const int n_chunks = last / ATT_CHUNK_BLOCKS - first / ATT_CHUNK_BLOCKS + 1;
+        const unsigned int expected = (unsigned int)(n_chunks < max_chunks ? n_chunks : max_chunks);
+        unsigned int* counter = counters + (long long)t * n_kv + g;
+        const bool last_block = atomicAdd(counter, 1u) + 1u == expected;
+        if (last_block) *counter = 0u;
+        skip[0] = last_block;
+    }
+    __syncthreads();
+    if (!skip[0]) return;                  // uniform over the block
+    __threadfence();
+    att_merge(partials, t, g, n_kv, hd, G, max_chunks, geo.pos, window, ROTATE, qs, out);
 }
 
 // The dynamic shared array is declared outside the templates: the CPU harness (tests/cudasim)
@@ -265,9 +430,9 @@ extern __shared__ float att_smem[];
 
 #define ATT_TAIL_ARGS const int* blocks, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
     int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \
-    float* partials, int max_chunks
+    float* partials, int max_chunks, int vector, unsigned int* counters, int merge, float* out
 #define ATT_TAIL_PASS blocks, n_kv, n_rows, hd, group, positions, window, ring_blocks, shared_end, \
-    tail_rows, tail_len, has_tail, scale, partials, max_chunks
+    tail_rows, tail_len, has_tail, scale, partials, max_chunks, vector, merge ? counters : nullptr, out
 // Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
 extern "C" __global__ void attention_fp32(const float* q, int q_stride, const float* key_data,
                                           const float* value_data, ATT_TAIL_ARGS) {
@@ -292,43 +457,9 @@ extern "C" __global__ void attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     attention_impl<ATT_INT4, true>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }
 
-// Pass 2: merge the chunk partials of query t, kv head g (pass 1's layout) in increasing chunk
-// order, divide, and (rotate = 1: int4-h) rotate back. A thread per (head, d): it merges its
-// element and its head's probability sum itself, so no barrier is needed before the division.
-// A query with more chunks than max_chunks (positions outside the geometry the launcher sized
-// the grid for) gets NaN rather than a read past its partials.
+// Pass 2 (when pass 1 does not merge): attention_merge, one block per (query t, kv head g).
 extern "C" __global__ void attention_merge(const float* partials, int n_kv, int hd, int group, int max_chunks,
                                            const int* positions, int window, int rotate, float* out) {
-    const int t = blockIdx.x, g = blockIdx.y, G = group, tid = threadIdx.x, nt = blockDim.x;
-    const int pos = positions[t], lowest = att_lowest(pos, window);
-    const int n_chunks = pos / TL_BLOCK / ATT_CHUNK_BLOCKS - lowest / TL_BLOCK / ATT_CHUNK_BLOCKS + 1;
-    const int part = G * hd + 2 * G;
-    const float* base = partials + ((long long)t * n_kv + g) * max_chunks * part;
-    float* os = att_smem;                  // (G, hd) the group's outputs
-    for (int e = tid; e < G * hd; e += nt) {
-        const int h = e / hd;
-        float m = ATT_NEG_INF, a = 0.0f, l = 0.0f;
-        if (n_chunks > max_chunks) {
-            os[e] = __int_as_float(0x7fc00000);
-            continue;
-        }
-        for (int c = 0; c < n_chunks; ++c) {
-            const float* p = base + (long long)c * part;
-            const float mc = p[G * hd + G + h];
-            if (mc == ATT_NEG_INF) continue;                       // an empty chunk
-            const float m_new = fmaxf(m, mc);
-            const float corr_old = tl_exp(tl_sub(m, m_new));       // first chunk: exp(-inf) = 0
-            const float corr_new = tl_exp(tl_sub(mc, m_new));
-            a = tl_add(tl_mul(a, corr_old), tl_mul(p[e], corr_new));
-            l = tl_add(tl_mul(l, corr_old), tl_mul(p[G * hd + h], corr_new));
-            m = m_new;
-        }
-        os[e] = tl_div(a, l);
-    }
-    if (rotate) {                          // uniform over the block: the barriers inside are safe
-        __syncthreads();
-        att_fwht(os, G, hd);
-    }
-    float* out_row = out + ((long long)t * n_kv * G + (long long)g * G) * hd;
-    for (int e = tid; e < G * hd; e += nt) out_row[e] = os[e];
+    att_merge(partials, blockIdx.x, blockIdx.y, n_kv, hd, group, max_chunks, positions[blockIdx.x], window, rotate,
+              att_smem, out);
 }

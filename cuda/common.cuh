@@ -13,6 +13,12 @@
 #define TL_BLOCK 64          // keys are reduced in fixed blocks of this many logical positions
 #define TL_FULL_MASK 0xffffffffu
 
+// 16 bytes loaded or stored as one vector (LDG.128 / STS.128): the pointer must be 16-byte
+// aligned, which the launcher checks before it picks a kernel path that uses it.
+struct alignas(16) TlWords4 {
+    unsigned int w[4];
+};
+
 __device__ __forceinline__ float tl_add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float tl_sub(float a, float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ float tl_mul(float a, float b) { return __fmul_rn(a, b); }

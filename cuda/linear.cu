@@ -53,6 +53,7 @@
 #define LIN_THREADS (LIN_WARPS * 32)
 #define LIN_CHUNK 8                         // rows per register chunk
 #define LIN_TILE_COLS 512                   // stored columns staged per shared-memory tile
+#define LIN_PIPELINE_ROWS 1                 // chunks up to this many rows load the next tile ahead
 
 #define BULK_ROWS 64                        // rows per bulk tile
 #define BULK_COLS 64                        // output columns per bulk tile
@@ -77,6 +78,21 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
     }
 }
 
+// This lane's words of the tile starting at word `tile` of the warp's column o (lane l: words
+// tile + 32 q + l), with their scales and mins; zeros past the row or for an inactive warp.
+template <class Kind, int ROUNDS>
+__device__ __forceinline__ void load_tile(const LinearArgs& a, const unsigned int* row_words, int tile, int o,
+                                          bool active, unsigned int* words, typename Kind::Params* params) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < ROUNDS; q++) {
+        int w = tile + q * 32 + lane;
+        bool inside = active && w < a.words_per_row;
+        words[q] = inside ? row_words[w] : 0u;   // sass: linear-rows-weights
+        params[q] = inside ? Kind::params(w, o, a) : typename Kind::Params();
+    }
+}
+
 // R rows starting at row0 for this warp's column `o` (all warps of the block call it:
 // it holds barriers).
 template <class Kind, class X, int R>
@@ -92,13 +108,34 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
 
+    // Software pipeline (chunks of up to LIN_PIPELINE_ROWS rows: decode and draft rows, bound
+    // by the weights' latency): a tile's words, scales and mins are loaded while the tile
+    // before it is staged and summed, so a warp has two tiles' loads in flight and none waits
+    // behind a barrier. Larger chunks (a verify's, bound by arithmetic) load each tile's words
+    // at its start and the scales and mins as they decode, as before: the registers held
+    // across the barrier would spill there. The sums keep their order either way: only the
+    // loads move, so no bit changes.
+    constexpr bool PIPELINE = R <= LIN_PIPELINE_ROWS;
+    unsigned int next[ROUNDS];
+    typename Kind::Params next_params[ROUNDS];
+    if (PIPELINE) load_tile<Kind, ROUNDS>(a, row_words, 0, o, active, next, next_params);
     for (int tile = 0; tile < a.words_per_row; tile += TILE_WORDS) {
-        // this lane's words of the tile, loaded before the barrier so the loads overlap staging
         unsigned int words[ROUNDS];
+        typename Kind::Params params[ROUNDS];
+        if (PIPELINE) {
 #pragma unroll
-        for (int q = 0; q < ROUNDS; q++) {
-            int w = tile + q * 32 + lane;
-            words[q] = (active && w < a.words_per_row) ? row_words[w] : 0u;
+            for (int q = 0; q < ROUNDS; q++) {
+                words[q] = next[q];
+                params[q] = next_params[q];
+            }
+            if (tile + TILE_WORDS < a.words_per_row)
+                load_tile<Kind, ROUNDS>(a, row_words, tile + TILE_WORDS, o, active, next, next_params);
+        } else {
+#pragma unroll
+            for (int q = 0; q < ROUNDS; q++) {
+                int w = tile + q * 32 + lane;
+                words[q] = (active && w < a.words_per_row) ? row_words[w] : 0u;   // sass: linear-rows-weights
+            }
         }
         __syncthreads();                    // the previous tile's readers are done with xs
         stage_rows<CPW, R, X>(a, row0, tile * CPW, xs);
@@ -109,7 +146,8 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
             int w = tile + q * 32 + lane;
             if (w >= a.words_per_row) break;
             float weight[CPW];
-            Kind::decode(words[q], w, o, a, weight);
+            if (PIPELINE) Kind::decode_with(words[q], w, o, a, params[q], weight);
+            else Kind::decode(words[q], w, o, a, weight);
             const float* xw = xs + q * 32 + lane;
 #pragma unroll
             for (int slot = 0; slot < CPW; slot++)

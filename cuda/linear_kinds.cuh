@@ -4,6 +4,17 @@
 #pragma once
 #include "common.cuh"
 
+// The uniform flags of a launch that pick a rare path. scripts/sass_loops.py compiles with
+// TL_MODEL_COMMON_PATH to count the machine code of the common case alone (no act-order
+// permutation, one group of scales per word) for the paper model; kernels never do.
+#ifdef TL_MODEL_COMMON_PATH
+#define TL_HAS_PERM(a) false
+#define TL_GROUP_PER_WORD(a, cpw) true
+#else
+#define TL_HAS_PERM(a) ((a).has_perm)
+#define TL_GROUP_PER_WORD(a, cpw) ((a).group_size % (cpw) == 0)
+#endif
+
 struct LinearArgs {
     const void* x; int x_half; int x_stride; int n_rows; int rows_per_block;   // x: half or float
     const unsigned int* weights; int words_per_row; int n_out;
@@ -23,20 +34,38 @@ template <int BITS, class S>
 struct QuantKind {
     static const int CPW = 32 / BITS;        // columns per 32-bit word
     static const int PER_BYTE = 8 / BITS;
+    // The scale and min of a word whose columns share one group (group_size a multiple of
+    // CPW, the usual case), loaded apart from its decoding so that a kernel can issue these
+    // loads with the word's own, before it waits for any (linear.cu's rows path).
+    struct Params {
+        float s, m;
+    };
+    __device__ __forceinline__ static Params params(int word_index, int o, const LinearArgs& a) {
+        Params p = {0.0f, 0.0f};
+        if (TL_GROUP_PER_WORD(a, CPW)) {
+            int group = min(word_index * CPW / a.group_size, a.groups - 1);
+            p.s = widen(static_cast<const S*>(a.scale)[(long long)o * a.groups + group]);
+            p.m = widen(static_cast<const S*>(a.mins)[(long long)o * a.groups + group]);
+        }
+        return p;
+    }
     // word `word_index` of output row `o`: its CPW weights, in column order.
     __device__ __forceinline__ static void decode(unsigned int word, int word_index, int o,
                                                   const LinearArgs& a, float* w) {
+        decode_with(word, word_index, o, a, params(word_index, o, a), w);
+    }
+    // The same from the word's params(): the same weights, bit for bit.
+    __device__ __forceinline__ static void decode_with(unsigned int word, int word_index, int o,
+                                                       const LinearArgs& a, const Params& p, float* w) {
         const S* scale_row = static_cast<const S*>(a.scale) + (long long)o * a.groups;
         const S* min_row = static_cast<const S*>(a.mins) + (long long)o * a.groups;
         // group_size is a multiple of PER_BYTE: one group per byte, and usually (a multiple
         // of CPW) one per word. Padding bytes past the stored width borrow the last group
         // (finite weights that meet x = 0).
         float s[4], m[4];
-        if (a.group_size % CPW == 0) {
-            int group = min(word_index * CPW / a.group_size, a.groups - 1);
-            float s0 = widen(scale_row[group]), m0 = widen(min_row[group]);
+        if (TL_GROUP_PER_WORD(a, CPW)) {
 #pragma unroll
-            for (int b = 0; b < 4; b++) { s[b] = s0; m[b] = m0; }
+            for (int b = 0; b < 4; b++) { s[b] = p.s; m[b] = p.m; }
         } else {
 #pragma unroll
             for (int b = 0; b < 4; b++) {
@@ -63,8 +92,18 @@ __device__ __forceinline__ float high_half(unsigned int v) {
     return __half2float(__ushort_as_half((unsigned short)(v >> 16)));
 }
 
+// Dense kinds: nothing to load beside the word.
+struct NoParams {};
+
 struct F16Kind {
     static const int CPW = 2;
+    typedef NoParams Params;
+    __device__ __forceinline__ static Params params(int, int, const LinearArgs&) { return Params(); }
+    __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
+                                                       const Params&, float* w) {
+        w[0] = low_half(word);
+        w[1] = high_half(word);
+    }
     __device__ __forceinline__ static void decode(unsigned int word, int, int, const LinearArgs&,
                                                   float* w) {
         w[0] = low_half(word);
@@ -74,6 +113,12 @@ struct F16Kind {
 
 struct F32Kind {
     static const int CPW = 1;
+    typedef NoParams Params;
+    __device__ __forceinline__ static Params params(int, int, const LinearArgs&) { return Params(); }
+    __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
+                                                       const Params&, float* w) {
+        w[0] = __uint_as_float(word);
+    }
     __device__ __forceinline__ static void decode(unsigned int word, int, int, const LinearArgs&,
                                                   float* w) {
         w[0] = __uint_as_float(word);
@@ -84,7 +129,7 @@ struct F32Kind {
 // X: the activations' type (float, or __half: fp16 activations, widened exactly).
 template <class X>
 __device__ __forceinline__ float stored_input(const LinearArgs& a, int t, int j) {
-    int source = j < a.stored_in ? (a.has_perm ? a.perm[j] : j) : a.in_features;
+    int source = j < a.stored_in ? (TL_HAS_PERM(a) ? a.perm[j] : j) : a.in_features;
     return source < a.in_features ? widen(static_cast<const X*>(a.x)[(long long)t * a.x_stride + source]) : 0.0f;
 }
 

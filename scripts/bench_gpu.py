@@ -1,31 +1,38 @@
-"""A short benchmark of the CUDA backend on the GPU at hand (run by scripts/gpu_check.sh).
+"""The CUDA backend's own figures on the GPU at hand (run by scripts/gpu_check.sh).
 
-    python scripts/bench_gpu.py --out DIR [--quick]
+    python scripts/bench_gpu.py --out DIR [--quick] [--contexts 1024 4096]
 
-For the document-shaped preset (doc-407m, random weights quantized to int4, group 32)
-at 8 loops, batch 1:
-- the int4 linear's achieved bandwidth per core weight, 1 row and 16 rows (GB/s: packed
-  codes + scales + mins + activations read, outputs written, over CUDA-event time);
-- plain decode tokens/s after a 64-token prompt: wall time per token with a sync per
-  step, GPU time per step (events), and the host's enqueue time per step — the host
-  overhead a CUDA graph removes — kernel by kernel and with the step captured as a graph
-  (with graphs the step's GPU time is the replay's, and "enqueue" is upload + replay,
-  which waits for the replay);
-- a 16-row verify forward against one decode step (the target is <= 1.2x);
-- prefill GEMMs of 512 rows per core weight: linear_bulk_* on float32 inputs against
-  linear_tc_* (tensor cores, fp16 activations), side by side: TFLOP/s each and the ratio;
-- speculative (chain) and tree decoding tokens/s with their acceptance (random weights:
-  acceptance says little about real models; the cost of a round is what is measured).
-Writes DIR/bench_gpu.json and prints a table. Needs a GPU and CuPy.
+Everything is timed on the device, between CUDA events on the stream the work runs on,
+and never brackets a single Python launch (whose host overhead would count as kernel time):
+
+- **Kernels as a graph.** A call repeated N times is captured as one CUDA graph; the
+  time of a replay / N is the call's cost inside a graph. Beside it, N eager launches
+  back to back behind a spin kernel (so the GPU never waits for Python): the kernel's
+  cost when launched one by one. The int4 linear per core weight at 1 and 16 rows
+  (GB/s: packed codes, scales, mins and activations read, outputs written) and
+  512-row prefill products, float32 bulk against tensor cores (TFLOP/s).
+- **Steps as graphs, at each context** (1k and 4k by default): the captured decode step
+  (graphs.DecodeGraph) replayed back to back; a 16-row and a 1-row full-depth forward,
+  each captured (graphs.ForwardGraph) and replayed on the same cache, and their ratio
+  (the target: a 16-row verify <= 1.2 steps); the wall time of model.decode with a host
+  sync per token; and a per-kernel table of one eager step: the step enqueued behind a
+  spin kernel with an event after every launch, so each kernel's time is the gap between
+  two events on a busy stream, summed by kernel and grid. The table's sum against the
+  replayed step is what launches cost inside a graph.
+- Speculative (chain) and tree decoding tokens/s with acceptance (random weights:
+  acceptance says little; the cost of a round is what is measured).
+
+The model is doc-407m (random weights quantized to int4, group 32) at 8 loops, fp16 KV.
+Writes DIR/bench_gpu.json and prints it. Needs a GPU and CuPy.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tinyloop.backends.cuda.backend import CudaBackend  # noqa: E402
 from tinyloop.backends.cuda.device import CupyDevice  # noqa: E402
+from tinyloop.backends.cuda.graphs import ForwardGraph, StepInputs  # noqa: E402
 from tinyloop.engine.decode import prefill  # noqa: E402
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate  # noqa: E402
 from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
@@ -42,87 +50,220 @@ from tinyloop.model.testmodels import make_test_model  # noqa: E402
 from tinyloop.quantize.pipeline import quantize_file  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12        # H200
+SPIN_SOURCE = r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+'''
 
 
-def gpu_seconds(cp, fn, reps: int) -> float:
-    """Median GPU time of fn() over reps, by CUDA events around each call."""
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
+class EventClock:
+    """Device time between CUDA events, on the stream the timed work runs on."""
+
+    def __init__(self, cp, device):
+        self.cp, self.device = cp, device
+        self._spin = cp.RawKernel(SPIN_SOURCE, "spin")
+        # the SM clock sizes the spin only (too long wastes time, too short lets the host show):
+        # CUDA 13's device properties dropped clockRate, so 2 GHz (an H200's boost) stands in
+        khz = cp.cuda.runtime.getDeviceProperties(0).get("clockRate", 0)
+        self.clock_hz = khz * 1e3 if khz else 2.0e9
+
+    def spin(self, seconds: float, stream=None) -> None:
+        """Keep the stream busy for `seconds`, so what the host enqueues next queues up behind it."""
+        with (stream or self.cp.cuda.get_current_stream()):
+            self._spin((1,), (1,), (np.int64(seconds * self.clock_hz),))
+
+    def replays(self, replay, n: int) -> float:
+        """Seconds per replay of a captured graph (device.capture's replay), n back to back."""
+        stream = replay.stream
+        replay.launch()                                     # warm: the first launch uploads the graph
+        stream.synchronize()
+        start, stop = self.cp.cuda.Event(), self.cp.cuda.Event()
+        start.record(stream)
+        for _ in range(n):
+            replay.launch()
+        stop.record(stream)
+        stop.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, stop) / 1e3 / n
+
+    def captured_calls(self, fn, calls: int, reps: int = 5) -> float:
+        """Seconds per fn() inside a graph: `calls` calls captured as one graph, replayed."""
+        fn()                                                # compile and load
+        _, arena = self.device.measure(lambda: [fn() for _ in range(calls)])
+        replay, _ = self.device.capture(lambda: [fn() for _ in range(calls)], arena)
+        return self.replays(replay, reps) / calls
+
+    def eager_calls(self, fn, calls: int) -> float:
+        """Seconds per fn() launched one by one, behind a spin kernel: the GPU's time, not Python's."""
         fn()
+        stream = self.cp.cuda.get_current_stream()
+        t0 = time.perf_counter()
+        fn()
+        stream.synchronize()
+        host = time.perf_counter() - t0
+        self.spin(2 * host * calls + 1e-3)
+        start, stop = self.cp.cuda.Event(), self.cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
         stop.record()
         stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(times)
+        return self.cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls
+
+    def kernel_table(self, backend, step) -> list[dict]:
+        """One eager step() enqueued behind a spin kernel with an event after every launch:
+        each launch's device time is the gap to the event before it. -> rows by (kernel,
+        grid): calls, total and mean microseconds, largest first."""
+        step()                                              # compile and load
+        stream = self.cp.cuda.get_current_stream()
+        t0 = time.perf_counter()
+        step()
+        stream.synchronize()
+        host = time.perf_counter() - t0
+        marks = []
+        device, original = backend.device, backend.device.module
+        device.module = lambda name: TimedModule(original(name), marks, self.cp)
+        try:
+            self.spin(3 * host + 5e-3)
+            first = self.cp.cuda.Event()
+            first.record()
+            step()
+        finally:
+            device.module = original
+        if not marks:
+            return []
+        marks[-1][2].synchronize()
+        return kernel_rows(first, marks, self.cp.cuda.get_elapsed_time)
 
 
-def linear_bandwidth(cp, backend, layer, rows: int, reps: int) -> dict:
+class TimedModule:
+    """A kernel module whose functions record an event on the current stream after each launch."""
+
+    def __init__(self, module, marks: list, cp):
+        self.module, self.marks, self.cp = module, marks, cp
+
+    def get_function(self, name: str):
+        function = self.module.get_function(name)
+
+        def launch(grid, block, args, shared_mem=0, **kwargs):
+            function(grid, block, args, shared_mem=shared_mem, **kwargs)
+            event = self.cp.cuda.Event()
+            event.record()
+            self.marks.append((name, tuple(grid), event))
+        return launch
+
+
+def kernel_rows(first, marks, elapsed_ms) -> list[dict]:
+    """marks: (kernel, grid, event after it) in launch order; first: the event before the
+    first. -> [{kernel, grid, calls, total_us, mean_us, share}] by total, largest first."""
+    totals, counts = defaultdict(float), defaultdict(int)
+    before = first
+    for name, grid, event in marks:
+        key = (name, grid)
+        totals[key] += elapsed_ms(before, event) * 1e3
+        counts[key] += 1
+        before = event
+    whole = sum(totals.values()) or 1.0
+    rows = [{"kernel": name, "grid": list(grid), "calls": counts[(name, grid)], "total_us": total,
+             "mean_us": total / counts[(name, grid)], "share": total / whole}
+            for (name, grid), total in totals.items()]
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def linear_figures(cp, clock, backend, layer, rows: int, calls: int) -> dict:
     out = {}
     for name in ("qkv", "out", "up", "down"):
         weight = getattr(layer, name)
         x = cp.asarray(np.random.default_rng(0).standard_normal((rows, weight.in_features)).astype(np.float32))
-        backend.linear(x, weight, True)                                # compile and warm
-        seconds = gpu_seconds(cp, lambda: backend.linear(x, weight, True), reps)
+        call = lambda: backend.linear(x, weight, True)                    # noqa: E731
+        graph = clock.captured_calls(call, calls)
+        eager = clock.eager_calls(call, calls)
         moved = weight.nbytes + x.nbytes + rows * weight.out_features * 4
         out[name] = {"shape": [weight.in_features, weight.out_features], "rows": rows,
-                     "us": seconds * 1e6, "GB_s": moved / seconds / 1e9,
-                     "share_of_peak": moved / seconds / HBM_BYTES_PER_S}
+                     "graph_us": graph * 1e6, "eager_us": eager * 1e6, "GB_s": moved / graph / 1e9,
+                     "share_of_peak": moved / graph / HBM_BYTES_PER_S}
     return out
 
 
-def prefill_linear(cp, backend, layer, rows: int, reps: int) -> dict:
+def prefill_linear(cp, clock, backend, layer, rows: int) -> dict:
     """512-row bulk products: the float32 tiled kernel against the tensor-core one (half x)."""
     out = {}
-    tensor_cores = backend.tensor_cores
     for name in ("qkv", "out", "up", "down"):
         weight = getattr(layer, name)
         x = cp.asarray(np.random.default_rng(1).standard_normal((rows, weight.in_features)).astype(np.float32))
         x_half = x.astype(cp.float16)
         flops = 2 * rows * weight.in_features * weight.out_features
-        backend.linear(x, weight, False)
-        backend.linear(x_half, weight, False)
-        bulk = gpu_seconds(cp, lambda: backend.linear(x, weight, False), reps)
-        tc = gpu_seconds(cp, lambda: backend.linear(x_half, weight, False), reps)
+        bulk = clock.captured_calls(lambda: backend.linear(x, weight, False), 4)
+        tc = clock.captured_calls(lambda: backend.linear(x_half, weight, False), 4)
         reference, got = backend.linear(x_half.astype(cp.float32), weight, False), backend.linear(x_half, weight, False)
         out[name] = {"rows": rows, "bulk_TFLOP_s": flops / bulk / 1e12, "tc_TFLOP_s": flops / tc / 1e12,
-                     "tc_speedup": bulk / tc, "tensor_cores": tensor_cores,
+                     "tc_speedup": bulk / tc, "tensor_cores": backend.tensor_cores,
                      "max_rel_diff": float(cp.abs(got - reference).max() / cp.abs(reference).max())}
     return out
 
 
-def decode_figures(cp, model, loops: int, steps: int, graphs: bool) -> dict:
-    """Plain decode through model.decode: kernel by kernel, or a captured graph replayed."""
-    model.backend.graphs = graphs
-    prompt = list(range(1, 65))
-    cache = model.new_cache(len(prompt) + steps + 70, loops)
-    logits = prefill(model, prompt, cache, loops)
-    token = int(model.backend.argmax(logits)[0])
-    position = len(prompt)
-    walls, gpus, enqueues = [], [], []
-    for _ in range(steps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
+def context_figures(cp, clock, model, loops: int, context: int, replays: int, wall_steps: int) -> dict:
+    """At `context` tokens of cached context: decode, 16-row and 1-row steps as graph replays,
+    decode's wall time with a sync per token, and one eager step's kernels."""
+    backend = model.backend
+    rng = np.random.default_rng(context)
+    prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, context)]
+    cache = model.new_cache(context + 64, loops)
+    backend.graphs = False
+    token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
+    position = context
+    figures = {"context": context}
+
+    # the captured decode step, as the engine runs it, replayed back to back
+    backend.graphs = True
+    for step in range(2):                                   # warm-up, then capture
+        model.decode(token, position + step, cache, loops)
+    runner = backend.decode_runner(model, cache, loops)
+    figures["decode_graph_us"] = clock.replays(runner.replay, replays) * 1e6
+    walls = []
+    for step in range(wall_steps):                          # what a client sees per token
         t0 = time.perf_counter()
-        start.record()
-        logits = model.decode(token, position, cache, loops)
-        stop.record()
-        t1 = time.perf_counter()
-        token = int(model.backend.argmax(logits)[0])                # syncs: the id crosses to the host
-        t2 = time.perf_counter()
-        walls.append(t2 - t0)
-        enqueues.append(t1 - t0)
-        gpus.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-        position += 1
-    verify_tokens = list(range(100, 116))
-    verify_positions = list(range(position, position + 16))
-    verify = gpu_seconds(cp, lambda: model.forward(verify_tokens, verify_positions, cache, loops), 5)
-    one = gpu_seconds(cp, lambda: model.forward([token], [position], cache, loops), 5)
-    # with graphs the replay runs on the graph's own stream (events on this one time nothing)
-    gpu = None if graphs else statistics.median(gpus)
-    return {"tokens_per_s": 1 / statistics.median(walls), "wall_ms": statistics.median(walls) * 1e3,
-            "gpu_ms": gpu and gpu * 1e3, "enqueue_ms": statistics.median(enqueues) * 1e3,
-            "gpu_bound_tokens_per_s": gpu and 1 / gpu,
-            "verify16_over_decode": verify / one, "verify16_ms": verify * 1e3, "decode_ms": one * 1e3}
+        token = int(backend.argmax(model.decode(token, position + 2 + step, cache, loops))[0])
+        walls.append(time.perf_counter() - t0)
+    figures["decode_wall_us"] = float(np.median(walls)) * 1e6
+    figures["decode_tokens_per_s"] = 1e6 / figures["decode_graph_us"]
+
+    # a 16-row and a 1-row full-depth forward, each a graph on the same cache
+    steps = {}
+    for n_rows in (1, 16):
+        graph = ForwardGraph(backend, model, cache, loops, n_rows)
+        rows = list(range(position + 8, position + 8 + n_rows))
+        for _ in range(2):
+            graph([token] * n_rows, rows)
+        steps[n_rows] = clock.replays(graph.replay, replays)
+    figures["forward_1_row_graph_us"] = steps[1] * 1e6
+    figures["forward_16_rows_graph_us"] = steps[16] * 1e6
+    figures["verify16_over_decode"] = steps[16] / steps[1]
+
+    # one eager step's kernels, each timed between events on a busy stream
+    inputs = StepInputs.allocate(backend.xp)
+    row = int(cache.geometry.physical(position + 30))
+    cache.ensure_rows(position + 30, 1)
+    backend.device.upload_ints(inputs.values, [token, position + 30, row])
+    backend.device.synchronize()
+
+    def eager_step():
+        with backend.static_inputs(inputs):          # no uploads: the GPU stays ahead of the host
+            return model.forward([token], [position + 30], cache, loops)
+    backend.graphs = False
+    table = clock.kernel_table(backend, eager_step)
+    figures["kernels_sum_us"] = sum(r["total_us"] for r in table)
+    figures["launches"] = sum(r["calls"] for r in table)
+    figures["kernels"] = table[:24]
+    by_kernel = defaultdict(float)
+    for r in table:
+        by_kernel[r["kernel"]] += r["total_us"]
+    figures["by_kernel_us"] = dict(sorted(by_kernel.items(), key=lambda kv: -kv[1]))
+    figures["attention_share"] = sum(v for k, v in by_kernel.items() if k.startswith("attention")) / \
+        max(figures["kernels_sum_us"], 1e-9)
+    backend.graphs = True
+    return figures
 
 
 def speculative_figures(model, loops: int, n_tokens: int) -> dict:
@@ -141,33 +282,65 @@ def speculative_figures(model, loops: int, n_tokens: int) -> dict:
     return out
 
 
+def summary_lines(report: dict) -> list[str]:
+    """The figures a reader wants first, one line each."""
+    lines = []
+    for key, value in report.items():
+        if isinstance(value, dict) and "error" in value:
+            lines.append(f"{key}: FAILED {value['error']}")
+    for key in ("linear_1_row", "linear_16_rows"):
+        figures = report.get(key, {})
+        for name, r in figures.items() if "error" not in figures else ():
+            lines.append(f"{key} {name}: {r['graph_us']:.1f} us in a graph ({r['eager_us']:.1f} eager), "
+                         f"{r['GB_s']:.0f} GB/s = {r['share_of_peak']:.0%} of 4.8 TB/s")
+    for c in report.get("contexts", []) if isinstance(report.get("contexts"), list) else ():
+        lines.append(f"context {c['context']}: decode {c['decode_graph_us']:.0f} us/token as a graph "
+                     f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
+                     f"16 rows / 1 row {c['verify16_over_decode']:.2f}, {c['launches']} launches, "
+                     f"kernels sum {c['kernels_sum_us']:.0f} us, attention {c['attention_share']:.0%}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".", help="directory for bench_gpu.json")
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions")
+    parser.add_argument("--quick", action="store_true", help="fewer replays and steps")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     args = parser.parse_args()
     import cupy as cp
-    steps, reps = (16, 10) if args.quick else (64, 30)
+    calls, replays, wall_steps = (10, 10, 8) if args.quick else (20, 50, 32)
     report = {}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         make_test_model(Path(tmp) / "doc.tinyloop", "doc-407m", seed=0)
         quantize_file(Path(tmp) / "doc.tinyloop", Path(tmp) / "doc-int4.tinyloop", 4, 32, "rtn", progress=False)
         report["model_build_s"] = time.perf_counter() - t0
-        backend = CudaBackend(CupyDevice())
+        backend = CudaBackend(CupyDevice(), graphs=True)
         report["device"] = backend.device.describe()
         loaded = load_model(Path(tmp) / "doc-int4.tinyloop", backend, kv_mode="fp16")
     model = loaded.model
+    clock = EventClock(cp, backend.device)
     layer = model.weights.layers["core"][0]
-    report["linear_1_row"] = linear_bandwidth(cp, backend, layer, 1, reps)
-    report["linear_16_rows"] = linear_bandwidth(cp, backend, layer, 16, reps)
-    report["prefill_512_rows"] = prefill_linear(cp, backend, layer, 512, reps)
-    report["decode_loops_8"] = decode_figures(cp, model, 8, steps, graphs=False)
-    report["decode_loops_8_graphs"] = decode_figures(cp, model, 8, steps, graphs=True)
-    report["speculative_loops_8"] = speculative_figures(model, 8, 32 if args.quick else 64)
+    stages = [
+        ("linear_1_row", lambda: linear_figures(cp, clock, backend, layer, 1, calls)),
+        ("linear_16_rows", lambda: linear_figures(cp, clock, backend, layer, 16, calls)),
+        ("prefill_512_rows", lambda: prefill_linear(cp, clock, backend, layer, 512)),
+        ("contexts", lambda: [context_figures(cp, clock, model, 8, c, replays, wall_steps) for c in args.contexts]),
+        ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
+    ]
+    for key, run in stages:            # a stage that fails is reported and the rest still run
+        t0 = time.perf_counter()
+        try:
+            report[key] = run()
+        except Exception as error:     # noqa: BLE001 - the report says which stage and why
+            report[key] = {"error": f"{type(error).__name__}: {error}"}
+        report.setdefault("stage_seconds", {})[key] = round(time.perf_counter() - t0, 1)
+        Path(args.out, "bench_gpu.json").write_text(json.dumps(report, indent=2))
+    report["summary"] = summary_lines(report)
     Path(args.out, "bench_gpu.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
-    return 0
+    print("\n".join(report["summary"]))
+    return 0 if not any(isinstance(v, dict) and "error" in v for v in report.values()) else 1
 
 
 if __name__ == "__main__":

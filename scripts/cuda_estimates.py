@@ -9,15 +9,25 @@ the H200's 4.8 TB/s, and launches per decoded token; per kernel the occupancy th
 figures of cuda/RESOURCES.md allow on an H200 SM (65,536 registers, 228 KiB shared
 memory, 64 warps, 32 blocks) at the launcher's block size. Memory time is a lower bound:
 a kernel of a few KiB is bound by its launch (~2-4 us from Python, ~1 us in a graph).
+
+Then the latency-aware model (below, "the latency-aware model"): per kernel the bytes a warp
+keeps in flight per round trip and the instructions its hot loop issues per byte, from the
+machine code (cuda/SASS.md, written by scripts/sass_loops.py), give the share of 4.8 TB/s it
+can reach; plus a gap per launch. Regenerate SASS.md (needs nvcc and nvdisasm) after a kernel
+change, then this script with --write.
 """
 from __future__ import annotations
 
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import sass_loops  # noqa: E402  (scripts/sass_loops.py)
 HBM = 4.8e12
 CONTEXT = 1024
 
@@ -53,8 +63,9 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
         ("linear_rows qkv", packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"]), n),
         ("rope_rows", 2 * (q + kv) * 4 + hd // 2 * 8, n),
         ("kv_write_fp16", 2 * kv * 4 + 2 * kv * 2 + 4, n),
-        ("attention_fp16 (pass 1, 256-key chunks)", 2 * CONTEXT * kv * 2 + q * 4 + chunk_partials + 4, n),
-        ("attention_merge", chunk_partials + q * 4, n),
+        # 256-key chunks; the last chunk block of each kv head merges (partials written and read)
+        ("attention_fp16 (256-key chunks, merge folded in)", 2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials
+         + q * 4 + 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         ("linear_rows up", packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
@@ -86,6 +97,148 @@ def occupancy(registers: int, smem: int, threads: int) -> float:
     return blocks * warps / 64
 
 
+# -- the latency-aware model --------------------------------------------------------------------
+# A bandwidth-bound kernel reaches 4.8 TB/s only if each SM keeps BW_SM x LATENCY bytes in
+# flight (Little's law): 36 GB/s per SM x ~600 ns = ~22 KB. A warp's bytes in flight are
+# what it loads in one round (the loads it issues before it must wait for one of them,
+# counted in the SASS by scripts/sass_loops.py); an SM holds its resident warps' rounds,
+# or fewer when the launch has fewer warps than the GPU holds. And a warp issues at most
+# one instruction per cycle per scheduler (4 per SM): the instructions a loop issues per
+# byte it loads bound the rate too. expected fraction of 4.8 TB/s = min(1, latency bound,
+# issue bound); a launch inside a graph adds LAUNCH_GAP_S on top (the drain of one kernel
+# and the start of the next). LATENCY_S and LAUNCH_GAP_S are assumptions from public Hopper
+# measurements, not ours: scripts/bench_gpu.py's per-kernel table is what calibrates them.
+SMS = 132
+SM_CLOCK_HZ = 1.98e9
+ISSUE_PER_SM = 4                       # warp instructions per cycle: 4 schedulers
+LATENCY_S = 600e-9                     # one dependent round trip to HBM3 under load
+LAUNCH_GAP_S = 1.0e-6                  # per kernel inside a CUDA graph
+BW_SM = HBM / SMS
+
+
+@dataclass
+class LoopFigures:
+    """One warp's iteration of a kernel's hot loop (cuda/SASS.md)."""
+    instructions: int
+    bytes_per_lane: int
+    rounds: int
+
+    @property
+    def bytes_per_round(self) -> float:        # per warp
+        return 32 * self.bytes_per_lane / max(self.rounds, 1)
+
+
+def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigures | None:
+    """The loop a kernel streams its bytes in, from cuda/SASS.md: for linear_rows_*, the tile
+    loop of the 8-row chunk (rows > 1) or the 1-row one, fed float activations (its x loads
+    are 4 bytes wide); for attention_*, the tile loader's row loop (the outer of its tagged
+    loops, which holds the inner once)."""
+    kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
+    loops = kernels.get(kernel, {}).get("loops", [])
+    if not loops:
+        return None
+    if kernel.startswith("linear_rows"):
+        # fed float activations: its staging loads 4-byte x (more 4-byte loads than 2-byte)
+        float_x = [l for l in loops if l["widths"].get("4", 0) > l["widths"].get("2", 0)] or loops
+        ordinary = [l for l in float_x if l["instructions"] < 2000] or float_x    # not an enclosing loop
+        loop = max(ordinary, key=lambda l: l["float_ops"]) if rows > 1 else min(ordinary, key=lambda l: l["float_ops"])
+        # bytes: 4 words a lane per tile (int4, int8: 128-word tiles), each with a half scale and min
+        math = loop["instructions"]
+        if rows == 1 and pipelined_rows() >= 1:
+            # the 1-row chunk loads tile i + 1's words, scales and mins before it stages and sums
+            # tile i (linear.cu load_tile): a warp keeps one tile's loads in flight throughout.
+            # The SASS round count of this loop (through the staging's and the edges' branches)
+            # is no figure for that.
+            return LoopFigures(math, 4 * (4 + 4), 1)
+        return LoopFigures(math, 4 * (4 + 4), loop["rounds"])
+    elif staged := [l for l in loops if "attention-stage" in l["tags"]]:
+        loop = min(staged, key=lambda l: l["rounds"])          # a decode's blocks, not a tree's tail
+    else:
+        loop = max(loops, key=lambda l: l["instructions"])      # the element loader's row loop
+    return LoopFigures(loop["instructions"], loop["load_bytes_per_lane"] + loop["async_bytes_per_lane"],
+                       loop["rounds"])
+
+
+def pipelined_rows() -> int:
+    """linear.cu's LIN_PIPELINE_ROWS: row chunks up to this size load a tile ahead (0: none)."""
+    m = re.search(r"#define LIN_PIPELINE_ROWS (\d+)", (ROOT / "cuda" / "linear.cu").read_text())
+    return int(m.group(1)) if m else 0
+
+
+def expected_fraction(loop: LoopFigures, resident_warps: int, launched_warps: int) -> dict:
+    """-> {in_flight (bytes per SM), latency, issue, fraction} for a kernel streaming with `loop`."""
+    warps_per_sm = min(resident_warps, max(launched_warps / SMS, 1e-9))
+    in_flight = warps_per_sm * loop.bytes_per_round
+    latency = in_flight / (BW_SM * LATENCY_S)
+    issue = ISSUE_PER_SM * SM_CLOCK_HZ * 32 * loop.bytes_per_lane / loop.instructions / BW_SM
+    return {"in_flight": in_flight, "latency": latency, "issue": issue, "fraction": min(1.0, latency, issue)}
+
+
+def resident_warps(kernel: str, threads: int, dynamic_smem: int = 0) -> int:
+    registers, smem = resources().get(kernel, (64, 0))
+    return round(occupancy(registers, smem + dynamic_smem, threads) * 64)
+
+
+def attention_shared(s: dict, sass: dict | None) -> int:
+    """Pass 1's dynamic shared memory: two tiles (keys and values together) where the SASS has
+    the 16-byte stager, one before it (launch/attention.py shared_bytes, then and now)."""
+    kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
+    staged = any("attention-stage" in l["tags"] for l in kernels.get("attention_fp16", {}).get("loops", []))
+    group, hd = s["heads"] // s["kv"], s["hd"]
+    return 4 * (2 * group * hd + (2 if staged else 1) * 64 * (hd | 1) + 68 * group)
+
+
+def latency_rows(s: dict, sass: dict | None = None) -> list[dict]:
+    """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
+    the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
+    argmax: a few KiB each) count at full bandwidth: their launch is their cost."""
+    d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
+    up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
+    kind = f"int{s['core_bits']}"
+    linear_warps = {"linear_rows qkv": q + 2 * kv, "linear_rows out (+ residual)": d, "linear_rows up": up_out,
+                    "linear_rows down (+ residual)": d, "linear_rows head": s["vocab"]}
+    att_blocks = s["kv"] * (CONTEXT // 256)
+    out = []
+    for name, nbytes, calls in step_rows(s):
+        fraction, detail = 1.0, None
+        if name in linear_warps:
+            kernel = f"linear_rows_int{s['head_bits']}" if name.endswith("head") else f"linear_rows_{kind}"
+            loop = hot_loop(kernel, 1, sass)
+            if loop:
+                detail = expected_fraction(loop, resident_warps(kernel, 256), linear_warps[name])
+        elif name.startswith("attention_fp16"):
+            loop = hot_loop("attention_fp16", 1, sass)
+            if loop:
+                detail = expected_fraction(loop, resident_warps("attention_fp16", 128, attention_shared(s, sass)),
+                                           att_blocks * 4)
+        if detail:
+            fraction = detail["fraction"]
+        seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S
+        out.append({"kernel": name, "bytes": nbytes, "calls": calls, "fraction": fraction, "detail": detail,
+                    "us": seconds * 1e6})
+    return out
+
+
+def latency_table(sass: dict | None = None) -> str:
+    lines = [f"Latency-aware, the same step: a round trip {LATENCY_S * 1e9:.0f} ns, {LAUNCH_GAP_S * 1e6:.1f} us "
+             f"per launch in a graph, {SMS} SMs issuing {ISSUE_PER_SM} warp instructions per cycle at "
+             f"{SM_CLOCK_HZ / 1e9:.2f} GHz; hot loops from cuda/SASS.md.", ""]
+    for name, shape in SHAPES.items():
+        rows = latency_rows(shape, sass)
+        lines += [f"**{name}**", "", "| kernel | in flight / SM (B) | latency bound | issue bound | "
+                  "expected share of 4.8 TB/s | us / call | us / token |", "|---|---|---|---|---|---|---|"]
+        total = 0.0
+        for r in rows:
+            d = r["detail"]
+            cells = (f"{d['in_flight']:,.0f} | {d['latency']:.0%} | {d['issue']:.0%}" if d else "- | - | -")
+            lines.append(f"| {r['kernel']} | {cells} | {r['fraction']:.0%} | {r['us']:.2f} | {r['us'] * r['calls']:.1f} |")
+            total += r["us"] * r["calls"]
+        launches = sum(r["calls"] for r in rows)
+        lines += [f"| **step** | | | | | {launches} launches ({launches * LAUNCH_GAP_S * 1e6:.0f} us) | "
+                  f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", ""]
+    return "\n".join(lines)
+
+
 def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s.", ""]
     for name, shape in SHAPES.items():
@@ -99,6 +252,7 @@ def tables() -> str:
             total_bytes, total_calls = total_bytes + nbytes * calls, total_calls + calls
         lines += [f"| **step** | {total_bytes:,} | | {total_calls} launches | {total_bytes / HBM * 1e6:.0f} "
                   f"(bound: {HBM / total_bytes:,.0f} tok/s) |", ""]
+    lines += [latency_table(), ""]
     found = resources()
     if found:
         lines += ["Occupancy on an H200 SM from the sm_90 ptxas figures (cuda/RESOURCES.md) at the "

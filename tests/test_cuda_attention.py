@@ -53,8 +53,10 @@ def on_device(device, kv):
 
 
 def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_end=twin.NO_TREE,
-           tail_rows=None, scale=0.125, scratch=None):
-    """The launcher with q as a column view of a wider array (a token stride that is not H hd)."""
+           tail_rows=None, scale=0.125, scratch=None, fused=True):
+    """The launcher with q as a column view of a wider array (a token stride that is not H hd).
+    fused: pass 1 merges (the counters the backend passes; they must come back zero), else
+    the two launches."""
     n_queries, n_heads, head_dim = q.shape
     wide = np.zeros((n_queries, n_heads * head_dim + 7), F)
     wide[:, 3:3 + n_heads * head_dim] = q.reshape(n_queries, -1)
@@ -63,9 +65,13 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
     tail_dev = None if tail_rows is None else device.asarray(np.ascontiguousarray(tail_rows, np.int32))
     tail_len = 0 if tail_rows is None else tail_rows.shape[1]
     chunks = launch.max_chunks(kv_dev.rows, window, ring_blocks, shared_end, tail_len)     # the cache's rows
+    counters = device.zeros(max(1, n_queries * kv_dev.n_kv), np.uint32) if fused else None
     launch.attention(device.module("attention"), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
                      window, ring_blocks, device.asarray(np.array([shared_end], np.int32)), tail_dev, tail_len,
-                     scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}))
+                     scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}),
+                     counters=counters)
+    if fused:
+        assert not device.to_host(counters).any(), "the fused merge left a counter set"
     return device.to_host(out)
 
 
@@ -365,3 +371,70 @@ def test_an_empty_chunk_is_skipped_in_the_merge(kernel_device):
     assert np.isfinite(batch[:2]).all() and np.isnan(batch[2, 0]).all()     # 255: no key at all (0 / 0)
     for i in range(3):
         assert bits_equal(kernel(kernel_device, kv_dev, q[i:i + 1], 0, positions[i:i + 1]), batch[i:i + 1])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_both_loaders_give_the_twins_bits(kernel_device, mode, monkeypatch):
+    """att_stage's 16-byte loader (rows whose bytes are a multiple of 16 in aligned arrays) and
+    the element loader it falls back to give the same tiles: each path, forced, equals the
+    twin bit for bit, across a window starting mid-block and a tree tail (per-row pool rows)."""
+    head_dim, rows, base = 64, 256, 150
+    kv = host_cache(mode, 2, head_dim, rows, seed=21)
+    kv_dev = on_device(kernel_device, kv)
+    assert launch.vector_loads(kv_dev)                       # the fast path is the one under test
+    rng = np.random.default_rng(22)
+    n_nodes = 6
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n_nodes)]
+    depth = [0] * n_nodes
+    for i in range(1, n_nodes):
+        depth[i] = depth[parents[i]] + 1
+    positions = np.array([base + d for d in depth])
+    path_rows = np.zeros((n_nodes, n_nodes), np.int64)
+    for i in range(n_nodes):                                 # node i's path: its ancestors' rows
+        node, path = i, []
+        while node >= 0:
+            path.append(base + node)
+            node = parents[node]
+        path_rows[i, :len(path)] = path[::-1]
+    plan = build_plan(positions, base, Geometry(rows, None, 0), tree=TreeRows(base, path_rows))
+    a = plan.attention
+    q = rng.standard_normal((n_nodes, 4, head_dim)).astype(F)
+    expected = twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, scale=0.125,
+                              shared_end=a.shared_end, tail_rows=pool_rows(kv, 0, a.tail_rows))
+    for vector in (True, False):
+        monkeypatch.setattr(launch, "vector_loads", lambda kv, v=vector: v)
+        got = kernel(kernel_device, kv_dev, q, 0, positions, shared_end=a.shared_end, tail_rows=a.tail_rows)
+        assert bits_equal(got, expected), (mode, vector)
+    windowed = np.array([200, 201, 255])
+    expected = twin.attention(mode, q[:3], kv.keys, kv.values, kv.table[1], windowed, window=90, scale=0.125)
+    for vector in (True, False):
+        monkeypatch.setattr(launch, "vector_loads", lambda kv, v=vector: v)
+        assert bits_equal(kernel(kernel_device, kv_dev, q[:3], 1, windowed, window=90), expected), (mode, vector)
+
+
+def test_vector_loads_only_for_whole_aligned_pieces():
+    """16-byte pieces need rows of a multiple of 16 bytes and 16-byte aligned arrays."""
+    assert launch.vector_loads(host_cache("fp16", 1, 64, 64, seed=1, n_slots=1))
+    assert launch.vector_loads(host_cache("int4", 1, 32, 64, seed=1, n_slots=1))         # 16-byte rows
+    assert not launch.vector_loads(host_cache("int4", 1, 16, 64, seed=1, n_slots=1))     # 8-byte rows
+    assert not launch.vector_loads(host_cache("fp16", 1, 12, 64, seed=1, n_slots=1))     # 24-byte rows
+    kv = host_cache("fp16", 1, 64, 64, seed=1, n_slots=1)
+    buffer = np.zeros(kv.keys["data"].nbytes + 16, np.uint8)
+    shifted = buffer[8:8 + kv.keys["data"].nbytes].view(np.float16).reshape(kv.keys["data"].shape)
+    kv.pool.keys["data"] = shifted                             # 8 bytes past a 16-byte boundary
+    assert launch.address(shifted) % 16 == 8 and not launch.vector_loads(kv)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fused_merge_gives_the_two_launches_bits(kernel_device, mode):
+    """Pass 1 merging in its last chunk block (the backend's path) and the separate
+    attention_merge launch give the same bits, across chunk edges, a window starting mid-chunk
+    and an int4-h rotation; both equal the twin."""
+    kv = host_cache(mode, 2, 64, 640, seed=31)
+    kv_dev = on_device(kernel_device, kv)
+    q = np.random.default_rng(32).standard_normal((5, 4, 64)).astype(F)
+    for window, positions in ((0, np.array([0, 255, 256, 511, 639])), (300, np.array([100, 301, 399, 520, 639]))):
+        expected = twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, window=window, scale=0.125)
+        for fused in (True, False):
+            got = kernel(kernel_device, kv_dev, q, 1, positions, window=window, fused=fused)
+            assert bits_equal(got, expected), (mode, window, fused)

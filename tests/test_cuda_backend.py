@@ -138,28 +138,56 @@ def test_tree_verify_equals_sequential_decode_on_cuda(tmp_path, case):
     check_tree_against_paths(model, rng, config, mode, window, max_plain_prompt=100)
 
 
-@pytest.mark.parametrize("mode", ["fp16", pytest.param("int4-h", marks=SLOW_ON_THE_HARNESS)])
-def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, mode):
+@pytest.mark.parametrize("mode,window,prompt_len,steps", [
+    ("fp16", 64, 150, 110),                                     # a ring buffer's wrap
+    ("fp16", 0, 185, 80),                                       # 64-key blocks 3 -> 4, the 256-key chunk edge
+    pytest.param("int4-h", 64, 150, 110, marks=SLOW_ON_THE_HARNESS)])
+def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, mode, window, prompt_len, steps):
     """Graph-captured decode (graphs.py): the first step warms up, the second is captured
     with its token and position frozen, later steps replay it with new values in the step's
     device inputs. Every step's logits equal a plain forward's bit for bit, across a ring
-    buffer's wrap, so nothing the kernels read comes from the frozen host values. (On the
-    CPU a replay re-runs the step; only a GPU shows a real graph replay.)"""
+    buffer's wrap, and without a window across 64-key block edges (192) and the 256-key
+    edge of attention's chunks, so nothing the kernels read comes from the frozen host
+    values. (On the CPU a replay re-runs the step; scripts/gpu_check.sh runs it on a GPU,
+    where it is a real graph replay.)"""
     captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True), kv_mode=mode).model
     plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False), kv_mode=mode).model
-    loops, prompt = 2, [int(t) for t in np.random.default_rng(5).integers(3, 500, 150)]
-    caches = [m.new_cache(len(prompt) + 120, loops, window=64) for m in (captured, plain)]
+    loops, prompt = 2, [int(t) for t in np.random.default_rng(5).integers(3, 500, prompt_len)]
+    caches = [m.new_cache(len(prompt) + steps + 10, loops, window=window) for m in (captured, plain)]
     for model, cache in zip((captured, plain), caches):
         prefill(model, prompt, cache, loops)
     token, runner = 11, captured.backend.decode_runner(captured, caches[0], loops)
-    for position in range(len(prompt), len(prompt) + 110):
+    for position in range(len(prompt), len(prompt) + steps):
         ours = captured.backend.to_host(captured.decode(token, position, caches[0], loops))
         theirs = plain.backend.to_host(plain.forward([token], [position], caches[1], loops))
         assert np.array_equal(ours, theirs), position
         token = int(np.argmax(theirs))
-    assert caches[0].ring is not None and runner.steps == 110 and runner.replay is not None
+    assert (caches[0].ring is not None) == bool(window) and runner.steps == steps and runner.replay is not None
     assert captured.backend.decode_runner(captured, caches[0], loops) is runner
     assert plain.backend.decode_runner(plain, caches[1], loops) is None
+
+
+def test_a_replayed_multi_row_forward_equals_the_plain_forward(tiny_files):
+    """graphs.ForwardGraph (what scripts/bench_gpu.py times a 16-row step with): captured once
+    with its rows frozen, replayed at later positions, crossing the 256-key chunk edge;
+    every replay's logits equal a plain forward's bit for bit."""
+    from tinyloop.backends.cuda.graphs import ForwardGraph
+    captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True)).model
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False)).model
+    loops, n_rows, prompt = 2, 4, [int(t) for t in np.random.default_rng(6).integers(3, 500, 240)]
+    caches = [m.new_cache(len(prompt) + 40, loops) for m in (captured, plain)]
+    for model, cache in zip((captured, plain), caches):
+        prefill(model, prompt, cache, loops)
+    graph = ForwardGraph(captured.backend, captured, caches[0], loops, n_rows)
+    rng = np.random.default_rng(9)
+    for start in range(len(prompt), len(prompt) + 32, n_rows):
+        tokens, positions = [int(t) for t in rng.integers(3, 500, n_rows)], list(range(start, start + n_rows))
+        ours = captured.backend.to_host(graph(tokens, positions))
+        theirs = plain.backend.to_host(plain.forward(tokens, positions, caches[1], loops))
+        assert np.array_equal(ours, theirs), start
+    assert graph.steps == 8 and graph.replay is not None
+    with pytest.raises(ValueError, match="4 rows"):
+        graph([1], [300])
 
 
 @pytest.mark.parametrize("branches,window", [(1, 0), pytest.param(3, 64, marks=SLOW_ON_THE_HARNESS)])

@@ -73,6 +73,7 @@ class CudaBackend(Backend):
         self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
         self._attention_scratch = None   # float32 partials of split-context attention
         self._retired_scratch = []       # smaller ones that captured graphs may still write
+        self._attention_counters = None  # uint32 zeros: attention's fused merge (launch/attention.py)
 
     def _module(self, name: str):
         return self.device.module(name)
@@ -245,13 +246,24 @@ class CudaBackend(Backend):
     def attention(self, q, storage: DeviceView, slot, plan, scale):
         d = self.device_plan(plan)
         out = self._empty(q.shape)
-        scratch = None                       # a prefill's partials: the launcher sizes them
+        scratch = counters = None            # a prefill's partials: the launcher sizes them, two launches
         chunks = attention_launch.max_chunks(storage.rows, d.window, d.ring_blocks, d.shared_end, d.tail_len)
-        if q.shape[0] <= MAX_FORWARD_ROWS:
+        if q.shape[0] <= MAX_FORWARD_ROWS:   # decode, verify, trees: one launch, pass 1 merges
             scratch = self._scratch(attention_launch.scratch_floats(q.shape[0], q.shape[1], q.shape[2], chunks))
+            counters = self._counters(q.shape[0] * storage.n_kv)
         return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
                                           d.ring_blocks, d.shared_end_dev, d.tail_rows, d.tail_len, scale, out,
-                                          scratch=scratch, chunks=chunks)
+                                          scratch=scratch, chunks=chunks, counters=counters)
+
+    def _counters(self, n: int):
+        """The fused merge's counters (uint32 zeros, which every launch leaves zero): one buffer of
+        MAX_FORWARD_ROWS x the most kv heads seen, kept for the backend's life (captured graphs
+        record its address)."""
+        if self._attention_counters is None or self._attention_counters.size < n:
+            if self._attention_counters is not None:
+                self._retired_scratch.append(self._attention_counters)
+            self._attention_counters = self.xp.zeros(max(n, MAX_FORWARD_ROWS), np.uint32)
+        return self._attention_counters
 
     def _scratch(self, n_floats: int):
         """The chunk partials of a step's attention: one buffer, reused by every layer (one

@@ -113,6 +113,42 @@ class DecodeGraph:
         return self.logits
 
 
+class ForwardGraph:
+    """model.forward(tokens, positions, cache, loops) over T consecutive rows, as a replayed
+    graph: the exact path at full depth for any T (1 is a decode step, 16 a verify's worth of
+    rows), with each replay's tokens, positions and physical rows in StepInputs. Used by
+    scripts/bench_gpu.py to time a T-row step against a 1-row one as graph replays on the
+    same cache and context, so neither side pays for Python's launches."""
+
+    def __init__(self, backend, model, cache, loops: int, n_rows: int):
+        xp = backend.xp
+        self.backend, self.model, self.cache, self.loops, self.n_rows = backend, model, cache, loops, n_rows
+        values = xp.zeros(3 * n_rows, np.int32)            # tokens, positions, rows
+        self.inputs = StepInputs(values, values[:n_rows], values[n_rows:2 * n_rows], values[2 * n_rows:])
+        self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
+
+    def __call__(self, tokens, positions):
+        """tokens, positions: (T,) ints, positions consecutive. -> (T, V) logits (the graph's
+        buffer after the first step: each replay rewrites it)."""
+        if len(tokens) != self.n_rows or len(positions) != self.n_rows:
+            raise ValueError(f"a forward graph of {self.n_rows} rows cannot run {len(positions)}")
+        self.steps += 1
+        device = self.backend.device
+        run = lambda: self.model.forward(list(tokens), list(positions), self.cache, self.loops)   # noqa: E731
+        if self.steps == 1:
+            logits, self.arena_bytes = device.measure(run)
+            return logits
+        self.cache.ensure_rows(int(positions[0]), self.n_rows)
+        rows = self.cache.geometry.physical(np.asarray(positions, np.int64))
+        device.upload_ints(self.inputs.values, np.concatenate([np.asarray(tokens), np.asarray(positions), rows]))
+        with self.backend.static_inputs(self.inputs):
+            if self.replay is None:
+                self.replay, self.logits = device.capture(run, self.arena_bytes)
+            else:
+                self.replay()
+        return self.logits
+
+
 class VerifyGraph:
     """model.verify_pass(...) over T draft nodes (a chain or a tree) for one request, as a
     replayed graph: the speculative verify resumes the draft states at `from_iterations`

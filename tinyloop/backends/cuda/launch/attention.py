@@ -27,8 +27,29 @@ MERGE_KERNEL = "attention_merge"
 
 def shared_bytes(group: int, head_dim: int) -> int:
     """Dynamic shared memory of one pass-1 block: the group's queries (G, hd), a 64-row tile of
-    keys or values with an odd row stride, scores (G, 64), sums (G hd + G), max, corr, skip (G each)."""
-    return 4 * (2 * group * head_dim + ATTENTION_BLOCK * (head_dim | 1) + (ATTENTION_BLOCK + 4) * group)
+    keys and one of values with an odd row stride, scores (G, 64), sums (G hd + G), max, corr,
+    skip (G each)."""
+    return 4 * (2 * group * head_dim + 2 * ATTENTION_BLOCK * (head_dim | 1) + (ATTENTION_BLOCK + 4) * group)
+
+
+ROW_BYTES = {"fp32": lambda hd: 4 * hd, "fp16": lambda hd: 2 * hd, "int8": lambda hd: hd,
+             "int4": lambda hd: hd // 2, "int4-h": lambda hd: hd // 2}
+
+
+def address(array) -> int:
+    """A device array's first byte: CuPy's pointer, or (the CPU harness) NumPy's."""
+    data = getattr(array, "data", None)
+    return int(data.ptr) if hasattr(data, "ptr") else int(array.ctypes.data)
+
+
+def vector_loads(kv: DeviceView) -> bool:
+    """Whether the kernel may load the stored rows in 16-byte pieces (att_stage): every row a
+    multiple of 16 bytes and every code or data array 16-byte aligned (an allocator's arrays
+    are; a view or a harness array need not be)."""
+    if ROW_BYTES[kv.mode](kv.head_dim) % 16:
+        return False
+    data = [a for side in (kv.keys, kv.values) for name, a in side.items() if name in ("data", "codes")]
+    return all(address(a) % 16 == 0 for a in data)
 
 
 def merge_shared_bytes(group: int, head_dim: int) -> int:
@@ -66,13 +87,23 @@ def scratch_floats(n_queries: int, n_heads: int, head_dim: int, chunks: int) -> 
 
 
 def _allow_shared(function, nbytes: int) -> None:
-    """Over 48 KiB a kernel must opt in (CUDA's MAX_DYNAMIC_SHARED_SIZE_BYTES; sm_90 allows
-    227 KiB): CuPy's Function exposes it as a settable attribute."""
-    if nbytes > DEFAULT_SHARED_LIMIT and getattr(function, "max_dynamic_shared_size_bytes", 0) < nbytes:
-        try:
-            function.max_dynamic_shared_size_bytes = nbytes
-        except AttributeError:            # a launcher object without the attribute (the CPU harness)
-            pass
+    """Over 48 KiB a kernel must opt in (CUDA's MAX_DYNAMIC_SHARED_SIZE_BYTES; sm_80 allows up
+    to 163 KiB, sm_90 227 KiB): CuPy's Function exposes it as a settable attribute. The CPU
+    harness's functions have no such attribute and need none. A device that refuses the size
+    is an error here, naming the sizes, not a failed launch later."""
+    if nbytes <= DEFAULT_SHARED_LIMIT or not hasattr(function, "max_dynamic_shared_size_bytes"):
+        return
+    if function.max_dynamic_shared_size_bytes >= nbytes:
+        return
+    try:
+        function.max_dynamic_shared_size_bytes = nbytes
+    except Exception as error:            # noqa: BLE001 - CuPy raises its CUDA runtime error
+        raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block and the device "
+                           f"refuses it ({type(error).__name__}: {error}); a smaller query group or "
+                           f"head_dim, or a GPU of sm_80 or later, avoids it") from error
+    if function.max_dynamic_shared_size_bytes < nbytes:
+        raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block; the device "
+                           f"allows {function.max_dynamic_shared_size_bytes}")
 
 
 def _array_module(out):
@@ -83,7 +114,8 @@ def _array_module(out):
 
 
 def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, ring_blocks: int,
-              shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None):
+              shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None,
+              counters=None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
     shared_end_dev (1,) int32 on the device: first block read through tail_rows_dev (T, tail_len)
@@ -99,7 +131,12 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     allocated here, at most SCRATCH_BUDGET bytes). It holds n queries' partials,
     n = size // partial_floats(H, hd, max_chunks(...)) >= 1, and the call runs the queries n
     at a time: 2 ceil(T / n) launches, each pass 1 (n, n_kv, max_chunks) then pass 2 (n, n_kv).
-    Row-invariant: how the queries are grouped changes no bit of any one of them."""
+
+    counters: a uint32 device array of at least n x n_kv zeros (the scratch's n), left zero by
+    every launch: pass 1 merges too (the last chunk block of each query and kv head merges), so
+    one launch per n queries. None: the two launches.
+    Row-invariant: how the queries are grouped, or which launch merges, changes no bit of any one
+    of them."""
     n_queries, n_heads, head_dim = q.shape
     if head_dim != kv.head_dim or n_heads % kv.n_kv:
         raise ValueError(f"attention: q heads {n_heads} x {head_dim} against {kv.n_kv} kv heads x {kv.head_dim}")
@@ -135,11 +172,16 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
             raise ValueError(f"attention: scratch of {scratch.size} floats is under one query's "
                              f"{per_query} ({n_heads} heads x {head_dim + 2} x {chunks} chunks)")
         batch = scratch.size // per_query
+    if counters is not None:
+        if counters.dtype != np.uint32 or not counters.flags.c_contiguous or counters.size < batch * kv.n_kv:
+            raise ValueError(f"attention: counters must be contiguous uint32 of at least {batch * kv.n_kv}, "
+                             f"got {counters.dtype} {counters.shape}")
     if not n_queries:
         return out
     group = n_heads // kv.n_kv
     blocks = kv.blocks(slot)
     shared = shared_bytes(group, head_dim)
+    vector = vector_loads(kv)
     function = module.get_function(KERNELS[kv.mode])
     _allow_shared(function, shared)
     merge = module.get_function(MERGE_KERNEL)
@@ -156,8 +198,12 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
                   shared_end_dev if has_tail else positions,      # not read without a tail
                   tail_rows_dev[start:stop] if has_tail else positions,
                   np.int32(tail_len if has_tail else 0), np.int32(has_tail), np.float32(scale),
-                  scratch, np.int32(chunks)),
+                  scratch, np.int32(chunks), np.int32(vector),
+                  scratch if counters is None else counters,             # not read without a merge
+                  np.int32(counters is not None), out[start:stop]),
                  shared_mem=shared)
+        if counters is not None:
+            continue
         merge((stop - start, kv.n_kv), (ATT_THREADS,),
               (scratch, np.int32(kv.n_kv), np.int32(head_dim), np.int32(group), np.int32(chunks), positions,
                np.int32(window), np.int32(kv.mode == "int4-h"), out[start:stop]),

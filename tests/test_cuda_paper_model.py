@@ -1,0 +1,97 @@
+"""The GPU paper model (scripts/sass_loops.py, scripts/cuda_estimates.py): its counting rules
+on hand-written machine code, its arithmetic against Little's law worked by hand, and that
+cuda/README.md shows what the committed figures give (no compiler needed: SASS.md and
+RESOURCES.md are committed, as the scripts write them)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import cuda_estimates  # noqa: E402
+import sass_loops  # noqa: E402
+
+# nvdisasm -g shaped text: a kernel with one loop (.L_x_1 .. the backward BRA) whose body
+# issues two 16-byte loads together, uses the first (the round ends), then a 2-byte load whose
+# address comes from an earlier load's register, then a load that waits on nothing.
+SASS = """
+//--------------------- .text.k      --------------------------
+.text.k:
+	//## File "/x/cuda/k.cu", line 10
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+	//## File "/x/cuda/k.cu", line 12
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDG.E.128 R8, desc[UR4][R2.64+0x10] ;
+	//## File "/x/cuda/k.cu", line 13
+        /*0030*/                   FADD R12, R4, R5 ;
+        /*0040*/                   LDG.E.U16 R13, desc[UR4][R10.64] ;
+        /*0050*/                   FMUL R14, R13, R12 ;
+        /*0060*/                   STS [R0], R14 ;
+        /*0070*/                   LDG.E R15, desc[UR4][R2.64+0x20] ;
+        /*0080*/                   FFMA R16, R15, R15, R14 ;
+        /*0090*/               @P0 BRA `(.L_x_1) ;
+        /*00a0*/                   EXIT ;
+"""
+
+
+def test_sass_loops_counts_rounds_bytes_and_tags():
+    kernels = sass_loops.parse(SASS)
+    assert list(kernels) == ["k"] and len(kernels["k"]) == 11
+    loops, n_loops = sass_loops.loops_of(kernels["k"], {("k.cu", 12): "stage"})
+    assert n_loops == 1 and len(loops) == 1
+    loop = loops[0]
+    assert (loop.start, loop.end) == (0x10, 0x90)
+    assert loop.tags == ["stage"] and loop.by_tag == {"stage": 2}
+    assert loop.instructions == 9 and loop.global_loads == 4
+    assert loop.load_bytes_per_lane == 16 + 16 + 2 + 4
+    # round 1: the two 128-bit loads (the FADD waits on R4); round 2: the U16 load; round 3:
+    # the 32-bit load, after the FMUL waited on R13
+    assert loop.rounds == 3
+    assert loop.float_ops == 3 and loop.shared_stores == 1
+    assert loop.widths == {"16": 2, "2": 1, "4": 1}
+
+
+def test_a_load_whose_address_is_pending_starts_a_round():
+    text = SASS.replace("FADD R12, R4, R5", "MOV R12, RZ")      # nothing uses round 1 before the U16 load
+    loops, _ = sass_loops.loops_of(sass_loops.parse(text)["k"], {("k.cu", 12): "stage"})
+    # the U16 load's address R10 belongs to the 128-bit load at R8: it cannot travel with it
+    assert loops[0].rounds == 3
+
+
+def test_untagged_loops_are_left_out():
+    loops, n_loops = sass_loops.loops_of(sass_loops.parse(SASS)["k"], {("k.cu", 99): "elsewhere"})
+    assert n_loops == 1 and loops == []
+
+
+def test_expected_fraction_is_littles_law_and_the_issue_rate():
+    # a warp with 4 KiB per round; 8 resident warps, 10,000 launched: 32 KiB in flight per SM.
+    # One SM's share of 4.8 TB/s over 132 SMs is 36.36 GB/s; x 600 ns = 21,818 bytes needed.
+    loop = cuda_estimates.LoopFigures(instructions=100, bytes_per_lane=128, rounds=1)
+    got = cuda_estimates.expected_fraction(loop, resident_warps=8, launched_warps=10_000)
+    assert got["in_flight"] == pytest.approx(8 * 4096)
+    assert got["latency"] == pytest.approx(8 * 4096 / (4.8e12 / 132 * 600e-9))
+    # issue: 4 x 1.98e9 warp instructions/s per SM, 4096 bytes per 100 of them
+    assert got["issue"] == pytest.approx(4 * 1.98e9 * 4096 / 100 / (4.8e12 / 132))
+    assert got["fraction"] == 1.0
+    # a launch with fewer warps than the SMs hold: 264 warps over 132 SMs = 2 per SM
+    few = cuda_estimates.expected_fraction(loop, resident_warps=8, launched_warps=264)
+    assert few["in_flight"] == pytest.approx(2 * 4096) and few["fraction"] == pytest.approx(few["latency"])
+
+
+def test_the_readme_shows_the_committed_figures():
+    """cuda/README.md's estimates are what scripts/cuda_estimates.py gives from the committed
+    cuda/SASS.md and cuda/RESOURCES.md (rerun it with --write after changing either)."""
+    readme = (ROOT / "cuda" / "README.md").read_text()
+    assert cuda_estimates.tables() in readme
+
+
+def test_the_model_reads_the_kernels_hot_loops():
+    """The committed SASS figures hold the loops the model names: attention's 16-byte stager
+    (one round trip per batch on a decode's blocks) and the rows linear's tile loop."""
+    stage = cuda_estimates.hot_loop("attention_fp16")
+    assert stage is not None and stage.rounds == 1 and stage.bytes_per_lane >= 8 * 16
+    assert cuda_estimates.hot_loop("linear_rows_int4", 1) is not None
+    assert cuda_estimates.pipelined_rows() >= 1
