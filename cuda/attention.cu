@@ -4,7 +4,9 @@
 // attention_<mode>: query t (logical position pos[t]) attends to the keys it sees, as
 // cuda/README.md "Attention geometry" says, reading the stored cache directly: a 64-key
 // block's keys and values are loaded together, in 16-byte pieces where the rows allow it
-// (att_stage), and dequantized into two shared tiles, never into a float copy of the cache. The twin is tinyloop/backends/reference/twins/attention.py.
+// (att_stage), and dequantized into two shared tiles (one, values after keys, where shared
+// memory is short), never into a float copy of the cache. The twin is
+// tinyloop/backends/reference/twins/attention.py.
 //
 // Partition (cuda/README.md "Attention: split context"): chunk c of every query is the
 // logical blocks [c S, (c + 1) S), S = ATT_CHUNK_BLOCKS, clipped to the query's own blocks
@@ -12,15 +14,19 @@
 // and what each holds depend on nothing but its position and the window: not on T, not on
 // the other queries, not on the grid.
 //
-// Two launches per call (launch/attention.py):
-//   pass 1, attention_<mode>: grid (T, n_kv, max_chunks), block ATT_THREADS (a multiple of
-//     32), dynamic shared (2 G hd + 128 (hd | 1) + 68 G) floats, G = n_heads / n_kv. Block
-//     (t, g, z) serves query t's chunk c = first // S + z for kv head g and the G query heads
-//     sharing it (nothing when c > last // S), and writes the chunk's partial (acc, l, m) to
-//     partials[t, g, z] = (G hd + 2 G) floats: acc (G, hd), then l (G), then m (G).
-//   pass 2, attention_merge: grid (T, n_kv), block ATT_THREADS, dynamic shared G hd floats.
-//     Merges the query's chunks z = 0 .. n_chunks - 1 in increasing order, divides, and
-//     (int4-h) rotates back.
+// One launch per call, or two (launch/attention.py):
+//   pass 1, attention_<mode>: grid (ceil(T / qb), n_kv, max_chunks), block ATT_THREADS (a
+//     multiple of 32), dynamic shared 64 tiles (hd | 1) + qb (2 G hd + 68 G + 5) + 2 floats
+//     (or ints), tiles = 2 (keys and values together) or 1, G = n_heads / n_kv. Block
+//     (x, g, z) serves queries t = x qb .. x qb + qb - 1 (qb > 1 only without a window: their
+//     chunk z is then the same keys), each query's chunk c = first // S + z for kv head g and
+//     the G query heads sharing it (nothing when c > last // S), and writes the chunk's
+//     partial (acc, l, m) to partials[t, g, z] = (G hd + 2 G) floats: acc (G, hd), then l (G),
+//     then m (G). With counters, the last block of a query's chunks merges them
+//     (attention_merge's arithmetic) into out: one launch.
+//   pass 2 (without counters), attention_merge: grid (T, n_kv), block ATT_THREADS, dynamic
+//     shared G hd floats. Merges the query's chunks z = 0 .. n_chunks - 1 in increasing order,
+//     divides, and (int4-h) rotates back.
 //
 // Arithmetic, per query head (the twin spells out the same):
 //   q' = (int4-h: fwht(q) * norm) * scale
@@ -40,6 +46,8 @@
 #include "common.cuh"
 
 #define ATT_NEG_INF (-tl_inf())
+#define ATT_KEYS 1           // att_stage's sides
+#define ATT_VALUES 2
 #define ATT_CHUNK_BLOCKS 4   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
 
 // The query's first and last logical 64-key block (README geometry).
@@ -195,17 +203,19 @@ __device__ __forceinline__ float att_piece_element(const TlWords4& raw, int e, f
 template <int MODE, bool TAIL>
 __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSide& values, float* ktile,
                                                  float* vtile, int stride, long long plane, int n_rows, int hd,
-                                                 int b, const AttGeometry& geo, long long first_row) {
+                                                 int b, const AttGeometry& geo, long long first_row, int sides) {
     constexpr int PE = att_piece_elements<MODE>(), BATCH = att_batch<MODE>();
     const int row_bytes = att_row_bytes<MODE>(hd), pieces = row_bytes / 16, per_side = TL_BLOCK * pieces;
     const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
-    for (int p0 = threadIdx.x; p0 < 2 * per_side; p0 += BATCH * blockDim.x) {
+    // sides: ATT_KEYS, ATT_VALUES or both; pieces [p_begin, p_end) of the 2 per_side (keys first)
+    const int p_begin = sides & ATT_KEYS ? 0 : per_side, p_end = sides & ATT_VALUES ? 2 * per_side : per_side;
+    for (int p0 = p_begin + threadIdx.x; p0 < p_end; p0 += BATCH * blockDim.x) {
         TlWords4 raw[BATCH];
         __half sc[BATCH], mn[BATCH];       // widened where they are used: a widening here would wait for its load
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {                        // the loads of the batch
             const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
-            if (p < 2 * per_side && geo.visible(b * TL_BLOCK + j)) {
+            if (p < p_end && geo.visible(b * TL_BLOCK + j)) {
                 // the side's pointers chosen by value: a reference to either struct would put both on the stack
                 const bool key = p < per_side;
                 const long long row = plane * n_rows + (TAIL ? geo.pool_row(b, j) : first_row + j);
@@ -221,7 +231,7 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {                        // then their conversion
             const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
-            if (p < 2 * per_side && geo.visible(b * TL_BLOCK + j)) {
+            if (p < p_end && geo.visible(b * TL_BLOCK + j)) {
                 float* out = (p < per_side ? ktile : vtile) + j * stride + k * PE;
                 const bool coded = MODE == ATT_INT8 || MODE == ATT_INT4;
                 const float s_i = coded ? __half2float(sc[i]) : 0.0f, m_i = coded ? __half2float(mn[i]) : 0.0f;
@@ -241,15 +251,16 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
 // values. Either way a tile element is att_load's value, bit for bit.
 template <int MODE>
 __device__ void att_stage(const KVSide& keys, const KVSide& values, float* ktile, float* vtile, int stride,
-                          long long plane, int n_rows, int hd, int b, const AttGeometry& geo, int vector) {
+                          long long plane, int n_rows, int hd, int b, const AttGeometry& geo, int vector,
+                          int sides) {
     if (!vector) {
-        att_tile<MODE>(keys, ktile, stride, plane, n_rows, hd, b, geo);
-        att_tile<MODE>(values, vtile, stride, plane, n_rows, hd, b, geo);
+        if (sides & ATT_KEYS) att_tile<MODE>(keys, ktile, stride, plane, n_rows, hd, b, geo);
+        if (sides & ATT_VALUES) att_tile<MODE>(values, vtile, stride, plane, n_rows, hd, b, geo);
     } else if (geo.has_tail && b >= geo.shared_end) {           // uniform over the block
-        att_stage_pieces<MODE, true>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, 0);
+        att_stage_pieces<MODE, true>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, 0, sides);
     } else {
         att_stage_pieces<MODE, false>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo,
-                                      geo.pool_row(b, 0));
+                                      geo.pool_row(b, 0), sides);
     }
 }
 
@@ -303,36 +314,131 @@ __device__ void att_merge(const float* partials, int t, int g, int n_kv, int hd,
     for (int e = tid; e < G * hd; e += nt) out_row[e] = os[e];
 }
 
+// Whether query i of the block takes part in key block b: b inside its chunk's blocks
+// [lo[i], hi[i]] (hi < lo: the query has no blocks in this chunk), and, for a tree's tail block
+// (staged per query), i is the query staged (`only`; -1: every query).
+__device__ __forceinline__ bool att_in(const int* lo, const int* hi, int i, int b, int only) {
+    return lo[i] <= b && b <= hi[i] && (only < 0 || only == i);
+}
+
+// One 64-key block b, its keys staged in ktile (and its values in vtile, or staged there by
+// stage_values once the scores are taken: one tile), for the block's queries that take part in
+// it: scores, the online softmax and the value sums, each query and head exactly as alone (the
+// twin's order). Called by every thread; ends on a barrier.
+template <class StageValues>
+__device__ void att_block_step(const float* qs, const float* ktile, const float* vtile, float* ps, float* part,
+                               float* corr, int* skip, const int* lo, const int* hi, const int* qpos,
+                               const int* qlow, int nq, int G, int hd, int stride, int b, int only,
+                               const StageValues& stage_values) {
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
+    const int k0 = b * TL_BLOCK, part_size = G * hd + 2 * G;
+    // scores (query, head, key): a thread each
+    for (int p = tid; p < nq * G * TL_BLOCK; p += nt) {
+        const int i = p / (G * TL_BLOCK), h = p / TL_BLOCK % G, j = p % TL_BLOCK, k = k0 + j;
+        if (!att_in(lo, hi, i, b, only)) continue;
+        ps[p] = (k >= qlow[i] && k <= qpos[i]) ? att_dot(qs + (i * G + h) * hd, ktile + j * stride, hd)
+                                               : ATT_NEG_INF;
+    }
+    __syncthreads();
+    // online softmax: a warp per (query, head), each lane two keys (lane, lane + 32)
+    for (int w = warp; w < nq * G; w += n_warps) {
+        const int i = w / G, h = w % G;
+        if (!att_in(lo, hi, i, b, only)) continue;                 // uniform over the warp
+        float* m_row = part + i * part_size + G * hd + G;          // (G,) running max
+        float a = ps[w * TL_BLOCK + lane], c = ps[w * TL_BLOCK + lane + 32];
+        float m_old = m_row[h];
+        float bm = tl_warp_max(fmaxf(a, c));
+        bool empty = bm == ATT_NEG_INF;
+        __syncwarp();                      // every lane has read the max before lane 0 rewrites it
+        if (!empty) {
+            float m_new = fmaxf(m_old, bm);
+            ps[w * TL_BLOCK + lane] = tl_exp(tl_sub(a, m_new));            // masked: exp(-inf) = 0
+            ps[w * TL_BLOCK + lane + 32] = tl_exp(tl_sub(c, m_new));
+            if (lane == 0) {
+                m_row[h] = m_new;
+                corr[w] = tl_exp(tl_sub(m_old, m_new));                    // first block: exp(-inf) = 0
+            }
+        }
+        if (lane == 0) skip[w] = empty;
+    }
+    stage_values();                        // one tile: the keys were last read before the barrier above
+    __syncthreads();                       // the probabilities (and the values) are written
+    // acc = acc * corr + tree_j(p_j v_j): a thread per (query, head, d), then per (query, head)
+    // the sum of p
+    for (int x = tid; x < nq * (G * hd + G); x += nt) {
+        const int i = x / (G * hd + G), o = x % (G * hd + G);
+        if (!att_in(lo, hi, i, b, only)) continue;
+        const int h = o < G * hd ? o / hd : o - G * hd, w = i * G + h;
+        if (skip[w]) continue;
+        const float* p = ps + w * TL_BLOCK;
+        const int low = qlow[i], pos = qpos[i];
+        float sum;
+        if (o < G * hd) {
+            const float* v = vtile + (o - h * hd);
+            sum = AttTree<TL_BLOCK>::sum([&](int j) {
+                return (k0 + j >= low && k0 + j <= pos) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
+        } else {
+            sum = AttTree<TL_BLOCK>::sum([&](int j) { return (k0 + j >= low && k0 + j <= pos) ? p[j] : 0.0f; }, 0);
+        }
+        float* acc = part + i * part_size;
+        acc[o] = tl_add(tl_mul(acc[o], corr[w]), sum);
+    }
+    __syncthreads();
+}
+
+// Pass 1 for queries t0 .. t0 + nq - 1 (nq <= qb; qb > 1 only without a window or ring, when
+// every query's chunk z is the same absolute blocks), kv head g, chunk z.
 template <int MODE, bool ROTATE>
 __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KVSide keys, KVSide values,
                                const int* blocks, int n_kv, int n_rows, int hd, int group, const int* positions,
                                int window,
                                int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len,
                                int has_tail, float scale, float* partials, int max_chunks, int vector,
-                               unsigned int* counters, float* out) {
-    const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
+                               unsigned int* counters, float* out, int n_queries, int qb, int tiles) {
+    const int t0 = blockIdx.x * qb, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
+    const int nq = n_queries - t0 < qb ? n_queries - t0 : qb;
     const int stride = hd | 1;             // odd row stride: a warp reading one column of the tile hits 32 banks
-    float* qs = att_smem;                  // (G, hd) the group's queries, rotated and scaled
-    float* ktile = qs + G * hd;            // (64, stride) the block's keys
-    float* vtile = ktile + TL_BLOCK * stride;  // (64, stride) its values
-    float* ps = vtile + TL_BLOCK * stride; // (G, 64) scores, then probabilities
-    float* acc = ps + G * TL_BLOCK;        // (G hd + G) value sums per head, then the G probability sums
-    float* ms = acc + G * hd + G;          // (G,) running max (acc, l, m: the partial, contiguous)
-    float* corr = ms + G;                  // (G,) this block's correction exp(m - m')
-    int* skip = (int*)(corr + G);          // (G,) 1: the block has no visible key for this head
+    const int part_size = G * hd + 2 * G;
+    // tiles = 2: keys and values staged together; 1 (a device whose shared memory cannot hold
+    // two at this head size): the values replace the keys once the scores are taken
+    float* ktile = att_smem;               // (64, stride) the block's keys
+    float* vtile = tiles == 2 ? ktile + TL_BLOCK * stride : ktile;  // (64, stride) its values
+    float* qs = ktile + tiles * TL_BLOCK * stride;  // (qb, G, hd) the queries, rotated and scaled
+    float* ps = qs + qb * G * hd;          // (qb, G, 64) scores, then probabilities
+    float* part = ps + qb * G * TL_BLOCK;  // (qb, G hd + 2 G) per query: value sums, probability sums, max
+    float* corr = part + qb * part_size;   // (qb, G) this block's correction exp(m - m')
+    int* skip = (int*)(corr + qb * G);     // (qb, G) 1: the block has no visible key for this head
+    int* qpos = skip + qb * G;             // (qb,) position
+    int* qlow = qpos + qb;                 // (qb,) lowest visible position
+    int* lo = qlow + qb;                   // (qb,) the query's first and last key block in chunk z
+    int* hi = lo + qb;
+    int* flags = hi + qb;                  // (qb,) the query's merge falls to this block
+    int* range = flags + qb;               // (2,) the blocks any query takes part in
 
-    AttGeometry geo;
-    geo.t = t;
-    geo.pos = positions[t];
-    geo.lowest = att_lowest(geo.pos, window);
-    // this block's chunk, clipped to the query's own blocks; nothing to do past the last one
-    const int first = geo.lowest / TL_BLOCK, last = geo.pos / TL_BLOCK;
-    const int chunk = first / ATT_CHUNK_BLOCKS + z;
-    if (chunk > last / ATT_CHUNK_BLOCKS) return;              // the whole block leaves, before any barrier
-    const int b_begin = chunk * ATT_CHUNK_BLOCKS > first ? chunk * ATT_CHUNK_BLOCKS : first;
-    const int b_end = chunk * ATT_CHUNK_BLOCKS + ATT_CHUNK_BLOCKS - 1 < last ? chunk * ATT_CHUNK_BLOCKS
-                                                                             + ATT_CHUNK_BLOCKS - 1 : last;
+    if (tid == 0) {
+        int b_begin = 1 << 30, b_end = -1;
+        for (int i = 0; i < nq; ++i) {
+            const int pos = positions[t0 + i], lowest = att_lowest(pos, window);
+            const int first = lowest / TL_BLOCK, last = pos / TL_BLOCK;
+            const int chunk = first / ATT_CHUNK_BLOCKS + z;       // clipped to the query's own blocks
+            const int c0 = chunk * ATT_CHUNK_BLOCKS, c1 = c0 + ATT_CHUNK_BLOCKS - 1;
+            qpos[i] = pos;
+            qlow[i] = lowest;
+            lo[i] = c0 > first ? c0 : first;
+            hi[i] = chunk > last / ATT_CHUNK_BLOCKS ? -1 : (c1 < last ? c1 : last);   // past its last chunk: none
+            if (lo[i] <= hi[i]) {
+                b_begin = lo[i] < b_begin ? lo[i] : b_begin;
+                b_end = hi[i] > b_end ? hi[i] : b_end;
+            }
+        }
+        range[0] = b_begin;
+        range[1] = b_end;
+    }
+    __syncthreads();
+    const int b_begin = range[0], b_end = range[1];
+    if (b_end < b_begin) return;           // no query has this chunk: the whole block leaves
+
+    AttGeometry geo;                       // the rows staged: every taking-part query's (see below)
     geo.ring_blocks = ring_blocks;
     geo.shared_end = *shared_end;          // on the device: a replayed verify graph's rounds differ
     geo.tail_rows = tail_rows;
@@ -341,87 +447,90 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
     geo.blocks = blocks;
     const long long plane = g;
 
-    const float* q_row = q + (long long)t * q_stride + (long long)g * G * hd;
-    for (int e = tid; e < G * hd; e += nt) qs[e] = q_row[e];
-    for (int e = tid; e < G * hd + G; e += nt) acc[e] = 0.0f;
-    for (int h = tid; h < G; h += nt) ms[h] = ATT_NEG_INF;
+    for (int e = tid; e < nq * G * hd; e += nt) {
+        const int i = e / (G * hd);
+        qs[e] = q[(long long)(t0 + i) * q_stride + (long long)g * G * hd + e % (G * hd)];
+    }
+    for (int e = tid; e < nq * part_size; e += nt)
+        part[e] = e % part_size < G * hd + G ? 0.0f : ATT_NEG_INF;            // acc, l = 0; m = -inf
     __syncthreads();
-    if (ROTATE) att_fwht(qs, G, hd);
-    for (int e = tid; e < G * hd; e += nt) qs[e] = tl_mul(qs[e], scale);
+    if (ROTATE) att_fwht(qs, nq * G, hd);
+    for (int e = tid; e < nq * G * hd; e += nt) qs[e] = tl_mul(qs[e], scale);
     __syncthreads();
 
-    for (int b = b_begin; b <= b_end; ++b) {
-        const int k0 = b * TL_BLOCK;
-        att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector);
-        __syncthreads();
-        // scores (G, 64): a thread per (head, key)
-        for (int p = tid; p < G * TL_BLOCK; p += nt) {
-            int h = p / TL_BLOCK, j = p % TL_BLOCK;
-            ps[p] = geo.visible(k0 + j) ? att_dot(qs + h * hd, ktile + j * stride, hd) : ATT_NEG_INF;
-        }
-        __syncthreads();
-        // online softmax: a warp per head, each lane two keys (lane, lane + 32)
-        for (int h = warp; h < G; h += n_warps) {
-            float a = ps[h * TL_BLOCK + lane], c = ps[h * TL_BLOCK + lane + 32];
-            float m_old = ms[h];
-            float bm = tl_warp_max(fmaxf(a, c));
-            bool empty = bm == ATT_NEG_INF;
-            __syncwarp();                  // every lane has read ms[h] before lane 0 rewrites it
-            if (!empty) {
-                float m_new = fmaxf(m_old, bm);
-                ps[h * TL_BLOCK + lane] = tl_exp(tl_sub(a, m_new));        // masked: exp(-inf) = 0
-                ps[h * TL_BLOCK + lane + 32] = tl_exp(tl_sub(c, m_new));
-                if (lane == 0) {
-                    ms[h] = m_new;
-                    corr[h] = tl_exp(tl_sub(m_old, m_new));                // first block: exp(-inf) = 0
-                }
+    const int first_sides = tiles == 2 ? ATT_KEYS | ATT_VALUES : ATT_KEYS;
+    int b = 0;                             // the block being summed, for stage_values
+    auto stage_values = [&]() {
+        if (tiles == 1) att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector,
+                                        ATT_VALUES);
+    };
+    for (b = b_begin; b <= b_end; ++b) {
+        if (has_tail && b >= geo.shared_end) {
+            // a tree's tail block: each query's path rows are its own, staged and summed one
+            // query at a time
+            for (int i = 0; i < nq; ++i) {
+                if (!att_in(lo, hi, i, b, -1)) continue;          // uniform: every thread reads the same
+                geo.t = t0 + i;
+                geo.pos = qpos[i];
+                geo.lowest = qlow[i];
+                att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector, first_sides);
+                __syncthreads();
+                att_block_step(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, i,
+                               stage_values);
             }
-            if (lane == 0) skip[h] = empty;
+            continue;
         }
-        __syncthreads();                   // the probabilities are written
-
-        // acc = acc * corr + tree_j(p_j v_j): a thread per (head, d), then per head the sum of p
-        for (int o = tid; o < G * hd + G; o += nt) {
-            int h = o < G * hd ? o / hd : o - G * hd;
-            if (skip[h]) continue;
-            const float* p = ps + h * TL_BLOCK;
-            float sum;
-            if (o < G * hd) {
-                const float* v = vtile + (o - h * hd);
-                sum = AttTree<TL_BLOCK>::sum([&](int j) {
-                    return geo.visible(k0 + j) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
-            } else {
-                sum = AttTree<TL_BLOCK>::sum([&](int j) { return geo.visible(k0 + j) ? p[j] : 0.0f; }, 0);
-            }
-            acc[o] = tl_add(tl_mul(acc[o], corr[h]), sum);
+        // the rows any taking-part query sees (each query masks its own in the sums)
+        geo.t = t0;
+        geo.pos = -1;
+        geo.lowest = 1 << 30;
+        for (int i = 0; i < nq; ++i) {
+            if (!att_in(lo, hi, i, b, -1)) continue;
+            geo.pos = qpos[i] > geo.pos ? qpos[i] : geo.pos;
+            geo.lowest = qlow[i] < geo.lowest ? qlow[i] : geo.lowest;
         }
+        att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector, first_sides);
         __syncthreads();
+        att_block_step(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, -1,
+                       stage_values);
     }
 
-    // the loop ended on a barrier: acc, l and m are final. partials[t, g, z] = (acc, l, m)
-    const int part = G * hd + 2 * G;
-    float* out_part = partials + (((long long)t * n_kv + g) * max_chunks + z) * part;
-    for (int e = tid; e < part; e += nt) out_part[e] = acc[e];
+    // the loop ended on a barrier: every query's sums are final. partials[t, g, z] = (acc, l, m)
+    for (int e = tid; e < nq * part_size; e += nt) {
+        const int i = e / part_size;
+        if (lo[i] > hi[i]) continue;                              // no blocks of its in this chunk
+        partials[(((long long)(t0 + i) * n_kv + g) * max_chunks + z) * part_size + e % part_size] = part[e];
+    }
     if (counters == nullptr) return;       // two launches: attention_merge merges
 
-    // The merge folded in: the last of the query's chunk blocks to finish merges every chunk, in
+    // The merge folded in: the last of a query's chunk blocks to finish merges every chunk, in
     // the fixed order, into out (the arithmetic of attention_merge). Each block's fence puts its
-    // partial in memory before its count; the last one counts n_chunks (the chunk blocks that
-    // got here), resets the counter for the next launch (or a replayed graph) and merges.
+    // partials in memory before its counts; the block that brings a query's count to its
+    // n_chunks (the chunk blocks that write one) resets it for the next launch (or a replayed
+    // graph) and merges that query.
     __threadfence();
-    __syncthreads();                       // every thread's partial is written and fenced
+    __syncthreads();                       // every thread's partials are written and fenced
     if (tid == 0) {
-        const int n_chunks = last / ATT_CHUNK_BLOCKS - first / ATT_CHUNK_BLOCKS + 1;
-        const unsigned int expected = (unsigned int)(n_chunks < max_chunks ? n_chunks : max_chunks);
-        unsigned int* counter = counters + (long long)t * n_kv + g;
-        const bool last_block = atomicAdd(counter, 1u) + 1u == expected;
-        if (last_block) *counter = 0u;
-        skip[0] = last_block;
+        for (int i = 0; i < nq; ++i) {
+            flags[i] = 0;
+            if (lo[i] > hi[i]) continue;
+            const int first = qlow[i] / TL_BLOCK, last = qpos[i] / TL_BLOCK;
+            const int n_chunks = last / ATT_CHUNK_BLOCKS - first / ATT_CHUNK_BLOCKS + 1;
+            const unsigned int expected = (unsigned int)(n_chunks < max_chunks ? n_chunks : max_chunks);
+            unsigned int* counter = counters + (long long)(t0 + i) * n_kv + g;
+            const bool last_block = atomicAdd(counter, 1u) + 1u == expected;
+            if (last_block) *counter = 0u;
+            flags[i] = last_block;
+        }
     }
     __syncthreads();
-    if (!skip[0]) return;                  // uniform over the block
-    __threadfence();
-    att_merge(partials, t, g, n_kv, hd, G, max_chunks, geo.pos, window, ROTATE, qs, out);
+    bool fenced = false;
+    for (int i = 0; i < nq; ++i) {
+        if (!flags[i]) continue;           // uniform over the block
+        if (!fenced) __threadfence();
+        fenced = true;
+        att_merge(partials, t0 + i, g, n_kv, hd, G, max_chunks, qpos[i], window, ROTATE, qs + i * G * hd, out);
+    }
 }
 
 // The dynamic shared array is declared outside the templates: the CPU harness (tests/cudasim)
@@ -430,9 +539,11 @@ extern __shared__ float att_smem[];
 
 #define ATT_TAIL_ARGS const int* blocks, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
     int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \
-    float* partials, int max_chunks, int vector, unsigned int* counters, int merge, float* out
+    float* partials, int max_chunks, int vector, unsigned int* counters, int merge, float* out, int n_queries, \
+    int qb, int tiles
 #define ATT_TAIL_PASS blocks, n_kv, n_rows, hd, group, positions, window, ring_blocks, shared_end, \
-    tail_rows, tail_len, has_tail, scale, partials, max_chunks, vector, merge ? counters : nullptr, out
+    tail_rows, tail_len, has_tail, scale, partials, max_chunks, vector, merge ? counters : nullptr, out, \
+    n_queries, qb, tiles
 // Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
 extern "C" __global__ void attention_fp32(const float* q, int q_stride, const float* key_data,
                                           const float* value_data, ATT_TAIL_ARGS) {

@@ -77,6 +77,7 @@ class EventClock:
     def replays(self, replay, n: int) -> float:
         """Seconds per replay of a captured graph (device.capture's replay), n back to back."""
         stream = replay.stream
+        stream.wait_event(self.cp.cuda.get_current_stream().record())     # after the work queued so far
         replay.launch()                                     # warm: the first launch uploads the graph
         stream.synchronize()
         start, stop = self.cp.cuda.Event(), self.cp.cuda.Event()
@@ -246,7 +247,7 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     row = int(cache.geometry.physical(position + 30))
     cache.ensure_rows(position + 30, 1)
     backend.device.upload_ints(inputs.values, [token, position + 30, row])
-    backend.device.synchronize()
+    cp.cuda.Device().synchronize()                   # the upload ran on the graph stream
 
     def eager_step():
         with backend.static_inputs(inputs):          # no uploads: the GPU stays ahead of the host

@@ -159,6 +159,12 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
                        loop["rounds"])
 
 
+def queries_share_blocks() -> bool:
+    """Whether a pass-1 block serves several queries (attention.cu's att_block_step: a verify's
+    queries read each block of keys and values once)."""
+    return "att_block_step" in (ROOT / "cuda" / "attention.cu").read_text()
+
+
 def pipelined_rows() -> int:
     """linear.cu's LIN_PIPELINE_ROWS: row chunks up to this size load a tile ahead (0: none)."""
     m = re.search(r"#define LIN_PIPELINE_ROWS (\d+)", (ROOT / "cuda" / "linear.cu").read_text())
@@ -188,29 +194,46 @@ def attention_shared(s: dict, sass: dict | None) -> int:
     return 4 * (2 * group * hd + (2 if staged else 1) * 64 * (hd | 1) + 68 * group)
 
 
-def latency_rows(s: dict, sass: dict | None = None) -> list[dict]:
+def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
-    argmax: a few KiB each) count at full bandwidth: their launch is their cost."""
+    argmax: a few KiB each) count at full bandwidth: their launch is their cost.
+
+    rows = 16: the same step for a 16-row verify. The linear runs two 8-row chunks, each with
+    the 8-row loop's figures and each reading the weights (the second from L2, counted at
+    HBM's rate); attention runs 16 queries' blocks, each reading its keys and values (from L2
+    after the first, counted likewise): both pessimistic where L2 serves faster than HBM."""
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
     linear_warps = {"linear_rows qkv": q + 2 * kv, "linear_rows out (+ residual)": d, "linear_rows up": up_out,
                     "linear_rows down (+ residual)": d, "linear_rows head": s["vocab"]}
-    att_blocks = s["kv"] * (CONTEXT // 256)
+    att_blocks = s["kv"] * (CONTEXT // 256) * rows
     out = []
     for name, nbytes, calls in step_rows(s):
         fraction, detail = 1.0, None
         if name in linear_warps:
             kernel = f"linear_rows_int{s['head_bits']}" if name.endswith("head") else f"linear_rows_{kind}"
-            loop = hot_loop(kernel, 1, sass)
+            loop = hot_loop(kernel, rows, sass)
             if loop:
                 detail = expected_fraction(loop, resident_warps(kernel, 256), linear_warps[name])
+            nbytes *= -(-rows // 8)                                   # one read per 8-row chunk
         elif name.startswith("attention_fp16"):
             loop = hot_loop("attention_fp16", 1, sass)
+            shares = queries_share_blocks()
+            blocks_launched = s["kv"] * (CONTEXT // 256) * (1 if shares else rows)
             if loop:
                 detail = expected_fraction(loop, resident_warps("attention_fp16", 128, attention_shared(s, sass)),
-                                           att_blocks * 4)
+                                           blocks_launched * 4)
+            nbytes *= 1 if shares else rows
+            # the sums: a multiply and an add per (query, head, key, d) for the scores and again
+            # for the values, a thread each; over the SMs the launch's blocks occupy
+            sums = rows * s["heads"] * CONTEXT * s["hd"] * 4 / 32
+            issue_s = sums / (ISSUE_PER_SM * SM_CLOCK_HZ * min(SMS, blocks_launched))
+            if detail and issue_s > nbytes / (HBM * detail["fraction"]):
+                detail = {**detail, "fraction": nbytes / (HBM * issue_s), "bound": "sums"}
+        elif name != "linear_rows head" and name != "argmax_rows":
+            nbytes *= rows                                            # per-row activations
         if detail:
             fraction = detail["fraction"]
         seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S
@@ -234,8 +257,11 @@ def latency_table(sass: dict | None = None) -> str:
             lines.append(f"| {r['kernel']} | {cells} | {r['fraction']:.0%} | {r['us']:.2f} | {r['us'] * r['calls']:.1f} |")
             total += r["us"] * r["calls"]
         launches = sum(r["calls"] for r in rows)
+        verify = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, rows=16))
         lines += [f"| **step** | | | | | {launches} launches ({launches * LAUNCH_GAP_S * 1e6:.0f} us) | "
-                  f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", ""]
+                  f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", "",
+                  f"The same step over 16 rows (a verify, `latency_rows(rows=16)`): {verify:,.0f} us, "
+                  f"{verify / total:.2f}x the 1-row step (the target is 1.2x).", ""]
     return "\n".join(lines)
 
 

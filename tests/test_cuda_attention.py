@@ -373,11 +373,17 @@ def test_an_empty_chunk_is_skipped_in_the_merge(kernel_device):
         assert bits_equal(kernel(kernel_device, kv_dev, q[i:i + 1], 0, positions[i:i + 1]), batch[i:i + 1])
 
 
+@pytest.mark.parametrize("tiles", [2, 1])
 @pytest.mark.parametrize("mode", MODES)
-def test_both_loaders_give_the_twins_bits(kernel_device, mode, monkeypatch):
+def test_both_loaders_give_the_twins_bits(kernel_device, mode, tiles, monkeypatch):
     """att_stage's 16-byte loader (rows whose bytes are a multiple of 16 in aligned arrays) and
     the element loader it falls back to give the same tiles: each path, forced, equals the
-    twin bit for bit, across a window starting mid-block and a tree tail (per-row pool rows)."""
+    twin bit for bit, across a window starting mid-block and a tree tail (per-row pool rows).
+    tiles = 1: a device whose shared memory cannot hold keys and values together (the values
+    replace the keys after the scores), the same bits."""
+    if tiles == 1:      # just under two tiles for one query: the launcher falls back to one
+        monkeypatch.setattr(launch, "device_shared_limit", lambda out: launch.shared_bytes(2, 64, 1, 2) - 4)
+        assert launch.layout(6, 2, 64, 0, 0, launch.device_shared_limit(None))[1] == 1
     head_dim, rows, base = 64, 256, 150
     kv = host_cache(mode, 2, head_dim, rows, seed=21)
     kv_dev = on_device(kernel_device, kv)
@@ -438,3 +444,27 @@ def test_the_fused_merge_gives_the_two_launches_bits(kernel_device, mode):
         for fused in (True, False):
             got = kernel(kernel_device, kv_dev, q, 1, positions, window=window, fused=fused)
             assert bits_equal(got, expected), (mode, window, fused)
+
+
+def test_queries_share_a_block_without_a_window():
+    """A verify's or a tree's queries share pass-1 blocks (each block of keys and values staged
+    once for up to 16 of them) when no window makes their chunks differ; the shared memory stays
+    within the launcher's budget, and the bits are each query's alone (the tests above run
+    every case through it: 65-node trees, 4k contexts, windows at one query a block)."""
+    assert launch.queries_per_block(16, 1, 128, 0, 0) == 16                       # doc-407m's verify
+    assert launch.queries_per_block(65, 3, 64, 0, 0) == 16                        # SmolLM2, a big tree
+    assert launch.queries_per_block(16, 1, 128, 64, 2) == 1                       # a window: one each
+    assert launch.queries_per_block(3, 1, 64, 0, 0) == 3
+    assert launch.shared_bytes(16, 128, launch.queries_per_block(16, 16, 128, 0, 0)) <= launch.SHARED_BUDGET
+    assert launch.queries_per_block(16, 16, 128, 0, 0) >= 1
+
+
+def test_a_device_too_small_for_one_tile_is_a_clear_error():
+    """Where even one tile and one query's state exceed the device's shared memory, the launcher
+    says so with the sizes, before any launch."""
+    need = launch.shared_bytes(16, 256, 1, 1)
+    with pytest.raises(ValueError, match=f"attention needs {need} bytes of shared memory"):
+        launch.layout(1, 16, 256, 0, 0, limit=need - 1)
+    assert launch.layout(1, 16, 256, 0, 0, limit=need) == (1, 1)
+    assert launch.layout(16, 1, 128, 0, 0, limit=99 * 1024) == (16, 2)      # sm_86/89: doc-407m still 16
+    assert launch.layout(16, 1, 256, 0, 0, limit=99 * 1024)[1] == 1          # hd 256 there: one tile

@@ -95,3 +95,20 @@ def test_the_model_reads_the_kernels_hot_loops():
     assert stage is not None and stage.rounds == 1 and stage.bytes_per_lane >= 8 * 16
     assert cuda_estimates.hot_loop("linear_rows_int4", 1) is not None
     assert cuda_estimates.pipelined_rows() >= 1
+
+
+def test_bench_gpu_sums_each_kernels_time_between_events():
+    """scripts/bench_gpu.py's per-kernel table: launch i's time is the gap between the event
+    before it and the one after; rows group by kernel and grid, largest first."""
+    import bench_gpu
+
+    class Mark:                                   # an event's device timestamp, in ms
+        def __init__(self, ms):
+            self.ms = ms
+    marks = [("a", (1, 1, 1), Mark(0.010)), ("b", (4, 1, 1), Mark(0.030)), ("a", (1, 1, 1), Mark(0.035)),
+             ("a", (2, 1, 1), Mark(0.036))]
+    rows = bench_gpu.kernel_rows(Mark(0.0), marks, lambda start, stop: stop.ms - start.ms)
+    assert [(r["kernel"], r["grid"], r["calls"]) for r in rows] == [("b", [4, 1, 1], 1), ("a", [1, 1, 1], 2),
+                                                                    ("a", [2, 1, 1], 1)]
+    assert [round(r["total_us"], 6) for r in rows] == [20.0, 15.0, 1.0]
+    assert rows[1]["mean_us"] == pytest.approx(7.5) and sum(r["share"] for r in rows) == pytest.approx(1.0)

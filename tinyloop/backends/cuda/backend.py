@@ -223,8 +223,10 @@ class CudaBackend(Backend):
         return DeviceKV.allocate(mode, n_kv, rows, head_dim, self.xp)
 
     def kv_init_blocks(self, pool_storage, blocks) -> None:
-        """Nothing: the attention kernel never reads a key a query may not see (att_tile skips
-        masked rows), so what a block held before cannot reach a new holder's results."""
+        """Nothing: the attention kernel never reads a row no query of its launch may see (the
+        stager skips rows past the highest position and before the lowest among the queries it
+        serves, all of one cache, whose rows below them are written), and each query masks the
+        rows it may not see, so what a block held before cannot reach a new holder's results."""
 
     def kv_view(self, pool_storage: DeviceKV, table) -> DeviceView:
         return DeviceView(pool_storage, table, self.xp.zeros(table.shape, np.int32), self.device.upload_ints)
@@ -250,19 +252,19 @@ class CudaBackend(Backend):
         chunks = attention_launch.max_chunks(storage.rows, d.window, d.ring_blocks, d.shared_end, d.tail_len)
         if q.shape[0] <= MAX_FORWARD_ROWS:   # decode, verify, trees: one launch, pass 1 merges
             scratch = self._scratch(attention_launch.scratch_floats(q.shape[0], q.shape[1], q.shape[2], chunks))
-            counters = self._counters(q.shape[0] * storage.n_kv)
+            counters = self._counters(q.shape[0] * storage.n_kv, storage.n_kv)
         return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
                                           d.ring_blocks, d.shared_end_dev, d.tail_rows, d.tail_len, scale, out,
                                           scratch=scratch, chunks=chunks, counters=counters)
 
-    def _counters(self, n: int):
+    def _counters(self, n: int, n_kv: int):
         """The fused merge's counters (uint32 zeros, which every launch leaves zero): one buffer of
-        MAX_FORWARD_ROWS x the most kv heads seen, kept for the backend's life (captured graphs
-        record its address)."""
+        MAX_FORWARD_ROWS x the most kv heads seen, so a model's steps never outgrow it, kept for
+        the backend's life (captured graphs record its address)."""
         if self._attention_counters is None or self._attention_counters.size < n:
             if self._attention_counters is not None:
                 self._retired_scratch.append(self._attention_counters)
-            self._attention_counters = self.xp.zeros(max(n, MAX_FORWARD_ROWS), np.uint32)
+            self._attention_counters = self.xp.zeros(max(n, MAX_FORWARD_ROWS * n_kv), np.uint32)
         return self._attention_counters
 
     def _scratch(self, n_floats: int):

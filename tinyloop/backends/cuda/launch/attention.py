@@ -2,11 +2,12 @@
 The twin is tinyloop/backends/reference/twins/attention.py.
 
 The context of every query is split into fixed chunks of CHUNK_BLOCKS 64-key blocks
-(cuda/README.md "Attention: split context"): pass 1 (attention_<mode>, grid (T, n_kv,
-max_chunks)) writes one partial per chunk into a scratch buffer, pass 2 (attention_merge,
-grid (T, n_kv)) merges them in chunk order. max_chunks comes from the cache's geometry
-(rows, window, ring, tree tail), never from the positions, which live on the device (and
-change under a replayed CUDA graph)."""
+(cuda/README.md "Attention: split context"): pass 1 (attention_<mode>, grid (ceil(T / qb),
+n_kv, max_chunks), qb queries a block) writes one partial per chunk into a scratch buffer,
+and either its last chunk block per query merges them (given counters: one launch) or pass 2
+(attention_merge, grid (T, n_kv)) does, in chunk order. max_chunks comes from the cache's
+geometry (rows, window, ring, tree tail), never from the positions, which live on the device
+(and change under a replayed CUDA graph)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from tinyloop.backends.cuda.launch.kv import DeviceView
 from tinyloop.limits import ATTENTION_BLOCK
 
-ATT_THREADS = 128            # one block per (query, kv head, chunk): 4 warps
+ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
 NO_TREE = 1 << 30            # shared_end when there is no draft tree
 CHUNK_BLOCKS = 4             # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS, the twin's)
 SCRATCH_BUDGET = 128 << 20   # bytes of partials one call allocates at most when not given a scratch
@@ -25,11 +26,52 @@ KERNELS = {"fp16": "attention_fp16", "fp32": "attention_fp32", "int8": "attentio
 MERGE_KERNEL = "attention_merge"
 
 
-def shared_bytes(group: int, head_dim: int) -> int:
-    """Dynamic shared memory of one pass-1 block: the group's queries (G, hd), a 64-row tile of
-    keys and one of values with an odd row stride, scores (G, 64), sums (G hd + G), max, corr,
-    skip (G each)."""
-    return 4 * (2 * group * head_dim + 2 * ATTENTION_BLOCK * (head_dim | 1) + (ATTENTION_BLOCK + 4) * group)
+QUERIES_PER_BLOCK = 16        # a verify's or a tree's queries served by one pass-1 block (no window)
+SHARED_BUDGET = 96 * 1024     # the most dynamic shared memory the launcher gives a block for more queries
+
+
+def shared_bytes(group: int, head_dim: int, queries: int = 1, tiles: int = 2) -> int:
+    """Dynamic shared memory of one pass-1 block serving `queries` queries: a 64-row tile of keys
+    and one of values (tiles = 2; 1: the values replace the keys) with an odd row stride, then
+    per query its G heads' rotated queries (G, hd), scores (G, 64), sums (G hd + G), max, corr
+    and skip (G each), and 5 ints; 2 ints."""
+    per_query = 2 * group * head_dim + (ATTENTION_BLOCK + 4) * group + 5
+    return 4 * (tiles * ATTENTION_BLOCK * (head_dim | 1) + queries * per_query + 2)
+
+
+def device_shared_limit(out) -> int:
+    """The most dynamic shared memory a block may opt in to on out's device (sm_80 163 KiB,
+    sm_86/89 99 KiB, sm_90 227 KiB); the CPU harness allows 227 KiB, as its functions do."""
+    if isinstance(out, np.ndarray):
+        return 227 * 1024
+    import cupy
+    device = cupy.cuda.Device()
+    return int(device.attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int,
+           limit: int = 227 * 1024) -> tuple[int, int]:
+    """(queries a pass-1 block serves, tiles). Two tiles (keys and values staged together)
+    where one query's block fits the device's `limit`, else one. Without a window (every
+    query's chunk z is the same 256 keys) up to QUERIES_PER_BLOCK queries a block within
+    min(SHARED_BUDGET, limit), so a verify's or a tree's queries read each block of keys and
+    values once; with a window, 1 (each query's chunks start at its own first block). Neither
+    changes a bit: each query's sums are its own, and each element is staged the same way."""
+    tiles = 2 if shared_bytes(group, head_dim, 1, 2) <= limit else 1
+    if shared_bytes(group, head_dim, 1, tiles) > limit:
+        raise ValueError(f"attention needs {shared_bytes(group, head_dim, 1, tiles)} bytes of shared memory per "
+                         f"block (query group {group}, head_dim {head_dim}); the device allows {limit}")
+    if window or ring_blocks:
+        return 1, tiles
+    n = max(1, min(n_queries, QUERIES_PER_BLOCK))
+    while n > 1 and shared_bytes(group, head_dim, n, tiles) > min(SHARED_BUDGET, limit):
+        n -= 1
+    return n, tiles
+
+
+def queries_per_block(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int) -> int:
+    """layout()'s queries a block on a device of 227 KiB."""
+    return layout(n_queries, group, head_dim, window, ring_blocks)[0]
 
 
 ROW_BYTES = {"fp32": lambda hd: 4 * hd, "fp16": lambda hd: 2 * hd, "int8": lambda hd: hd,
@@ -99,8 +141,7 @@ def _allow_shared(function, nbytes: int) -> None:
         function.max_dynamic_shared_size_bytes = nbytes
     except Exception as error:            # noqa: BLE001 - CuPy raises its CUDA runtime error
         raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block and the device "
-                           f"refuses it ({type(error).__name__}: {error}); a smaller query group or "
-                           f"head_dim, or a GPU of sm_80 or later, avoids it") from error
+                           f"refuses it ({type(error).__name__}: {error})") from error
     if function.max_dynamic_shared_size_bytes < nbytes:
         raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block; the device "
                            f"allows {function.max_dynamic_shared_size_bytes}")
@@ -180,7 +221,8 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
         return out
     group = n_heads // kv.n_kv
     blocks = kv.blocks(slot)
-    shared = shared_bytes(group, head_dim)
+    qb, tiles = layout(min(batch, n_queries), group, head_dim, window, ring_blocks, device_shared_limit(out))
+    shared = shared_bytes(group, head_dim, qb, tiles)
     vector = vector_loads(kv)
     function = module.get_function(KERNELS[kv.mode])
     _allow_shared(function, shared)
@@ -191,7 +233,7 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     for start in range(0, n_queries, batch):
         stop = min(start + batch, n_queries)
         positions = positions_dev[start:stop]
-        function((stop - start, kv.n_kv, chunks), (ATT_THREADS,),
+        function((-(-(stop - start) // qb), kv.n_kv, chunks), (ATT_THREADS,),
                  (q[start:stop], q_stride, *kv.keys.values(), *kv.values.values(),
                   blocks, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim), np.int32(group),
                   positions, np.int32(window), np.int32(ring_blocks or 0),
@@ -200,7 +242,8 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
                   np.int32(tail_len if has_tail else 0), np.int32(has_tail), np.float32(scale),
                   scratch, np.int32(chunks), np.int32(vector),
                   scratch if counters is None else counters,             # not read without a merge
-                  np.int32(counters is not None), out[start:stop]),
+                  np.int32(counters is not None), out[start:stop], np.int32(stop - start), np.int32(qb),
+                  np.int32(tiles)),
                  shared_mem=shared)
         if counters is not None:
             continue
