@@ -39,6 +39,9 @@ def shared_bytes(group: int, head_dim: int, queries: int = 1, tiles: int = 2) ->
     return 4 * (tiles * ATTENTION_BLOCK * (head_dim | 1) + queries * per_query + 2)
 
 
+_SHARED_LIMITS: dict = {}      # device id -> its opt-in limit (asked once: a call per layer would cost)
+
+
 def device_shared_limit(out) -> int:
     """The most dynamic shared memory a block may opt in to on out's device (sm_80 163 KiB,
     sm_86/89 99 KiB, sm_90 227 KiB); the CPU harness allows 227 KiB, as its functions do."""
@@ -46,7 +49,10 @@ def device_shared_limit(out) -> int:
         return 227 * 1024
     import cupy
     device = cupy.cuda.Device()
-    return int(device.attributes["MaxSharedMemoryPerBlockOptin"])
+    if device.id not in _SHARED_LIMITS:
+        # cudaDevAttrMaxSharedMemoryPerBlockOptin (97)
+        _SHARED_LIMITS[device.id] = int(cupy.cuda.runtime.deviceGetAttribute(97, device.id))
+    return _SHARED_LIMITS[device.id]
 
 
 def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int,
