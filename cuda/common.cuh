@@ -64,6 +64,19 @@ __device__ __forceinline__ float tl_exp(float x) {
     return tl_mul(tl_mul(p, s1), s2);
 }
 
+// GELU, tanh form: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), tanh from tl_exp, in the
+// twin's order (twins/elementwise.py gelu_tanh). The gelu_tanh kernel and the linear kernels'
+// fused activation (linear_kinds.cuh store_output) both call this: the same bits.
+__device__ __forceinline__ float tl_gelu_tanh(float v) {
+    const float sqrt_2_over_pi = 0.7978845608028654f;
+    const float cubic = 0.044715f;
+    float u = tl_mul(sqrt_2_over_pi, tl_add(v, tl_mul(tl_mul(tl_mul(cubic, v), v), v)));
+    float e = tl_exp(tl_mul(-2.0f, fabsf(u)));
+    float t = tl_div(tl_sub(1.0f, e), tl_add(1.0f, e));
+    t = u < 0.0f ? -t : t;
+    return tl_mul(tl_mul(0.5f, v), tl_add(1.0f, t));
+}
+
 // Sum over the 32 lanes of a warp in a fixed butterfly (xor 16, 8, 4, 2, 1): every lane
 // gets the same bits (IEEE addition commutes), whatever the order lanes arrive in.
 __device__ __forceinline__ float tl_warp_sum(float v) {

@@ -157,11 +157,15 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
         }
     }
     if (!active) return;
+    // every lane gets each row's total; lane r stores row r: one epilogue (bias, residual, GELU,
+    // half) in the code instead of R, which kept the 8-row chunk within its registers
+    float mine = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float sum = tl_warp_sum(acc[r]);
-        if (lane == 0) store_output(a, row0 + r, o, sum);
+        if (lane == r) mine = sum;
     }
+    if (lane < R) store_output(a, row0 + lane, o, mine);
 }
 
 template <class Kind, class X>

@@ -22,7 +22,8 @@ struct LinearArgs {
     const int* perm; int has_perm; int stored_in; int in_features;
     const float* bias; int has_bias;
     const float* residual; int has_residual; int residual_stride;  // y = residual + x W^T (+ bias)
-    float* y; int y_stride; int y_offset;
+    void* y; int y_stride; int y_offset;           // float, or half when y_half
+    int act; int y_half;                           // act 1: GELU (tanh) of the output, fused
 };
 
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
@@ -145,11 +146,14 @@ __device__ __forceinline__ void word_weights(const LinearArgs& a, int o, int w, 
     }
 }
 
-// Output t, o of the call from its sum: + bias, + residual (the fixed order every path uses).
+// Output t, o of the call from its sum: + bias, + residual, then (act) GELU, stored as float or
+// (y_half: the next linear's input under fp16 activations) rounded to half. The fixed order
+// every path uses; the activation is the gelu_tanh kernel's function, so fusing it changes no bit.
 __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, float sum) {
     if (a.has_bias) sum = tl_add(sum, a.bias[o]);
     if (a.has_residual) sum = tl_add(sum, a.residual[(long long)t * a.residual_stride + a.y_offset + o]);
-    a.y[(long long)t * a.y_stride + a.y_offset + o] = sum;
+    if (a.act) sum = tl_gelu_tanh(sum);
+    tl_store(a.y, (long long)t * a.y_stride + a.y_offset + o, sum, a.y_half);
 }
 
 // Every linear kernel's parameters, S the stored type of scale and min (__half or float; the
@@ -161,13 +165,14 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
     const S *scale, const S *mins, int groups, int group_size,                                        \
     const int *perm, int has_perm, int stored_in, int in_features,                                    \
     const float *bias, int has_bias, const float *residual, int has_residual, int residual_stride,    \
-    float *y, int y_stride, int y_offset
+    void *y, int y_stride, int y_offset, int act, int y_half
 
 // The entry points' argument list as a LinearArgs.
 // The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
 // pre-norm block fused into the epilogue, one launch fewer; residual has the full output's
 // columns, row stride residual_stride floats, and may not overlap y). In that order, so the
-// bits are those of the unfused add h + (x W^T + bias), IEEE addition being commutative.
+// bits are those of the unfused add h + (x W^T + bias), IEEE addition being commutative. act = 1:
+// GELU of that (the MLP's up projection: one launch fewer), y_half = 1: y is half.
 #define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
                      groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias,      \
-                     residual, has_residual, residual_stride, y, y_stride, y_offset}
+                     residual, has_residual, residual_stride, y, y_stride, y_offset, act, y_half}

@@ -68,8 +68,11 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
          + q * 4 + 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
-        ("linear_rows up", packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
-        ("swiglu" if s["mlp"] == "swiglu" else "gelu_tanh", (up_out + ffn) * 4, n),
+        # GELU is fused into the up projection's epilogue (one launch fewer); SwiGLU pairs two
+        # columns that different warps compute, so it stays a kernel of its own
+        ("linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
+         packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
+        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" else []),
         ("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n),
         ("linear_rows head", packed_linear_bytes(d, s["vocab"], s["head_bits"], False), 1),
         ("argmax_rows", s["vocab"] * 4 + 4, 1),
@@ -207,7 +210,8 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
     linear_warps = {"linear_rows qkv": q + 2 * kv, "linear_rows out (+ residual)": d, "linear_rows up": up_out,
-                    "linear_rows down (+ residual)": d, "linear_rows head": s["vocab"]}
+                    "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d,
+                    "linear_rows head": s["vocab"]}
     att_blocks = s["kv"] * (CONTEXT // 256) * rows
     out = []
     for name, nbytes, calls in step_rows(s):

@@ -225,3 +225,23 @@ def test_tail_rows_bound_covers_every_tree_and_is_tight():
             plan = build_plan(positions, base, Geometry(512, None, 0), tree=TreeRows(base, path_rows))
             widths.append(plan.attention.n_tail * 64)
         assert max(widths) == tail_rows_bound(n_nodes), (n_nodes, max(widths))
+
+
+def test_the_fused_gelu_gives_the_unfused_models_bits(tiny_files, monkeypatch):
+    """A GELU model's up projection with the activation in its epilogue (CudaBackend.linear_gelu)
+    gives the logits of the separate linear and gelu_tanh launches (the base backend's
+    linear_gelu), bit for bit, through prefill (bulk) and decode (rows)."""
+    from tinyloop.backends.base import Backend
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(CudaBackend, "linear_gelu", Backend.linear_gelu)
+        model = load_model(tiny_files["tiny-looped-gpt"], cuda_backend()).model
+        assert model.config.mlp == "gelu"
+        prompt, loops = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3, model.config.default_loops
+        cache = model.new_cache(len(prompt) + 4, loops)
+        rows = [model.backend.to_host(prefill(model, prompt, cache, loops))]
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(model.backend.to_host(model.forward([7], [position], cache, loops)))
+        results.append(np.concatenate(rows))
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))

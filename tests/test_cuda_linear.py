@@ -300,6 +300,38 @@ def test_a_fused_residual_gives_the_bits_of_the_separate_add(kernel_device, kind
         launch.linear(module, x_dev, packed, plain, exact, tc, residual=h[:, :40])
 
 
+# -- the MLP's GELU fused into the epilogue ------------------------------------------------------
+@pytest.mark.parametrize("path", ["rows 1", "rows 65", "bulk", "tensor cores"])
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
+def test_a_fused_gelu_gives_the_bits_of_the_separate_activation(kernel_device, path, out_dtype):
+    """linear(..., activation="gelu") == the twin's gelu_tanh of linear(...) bit for bit (rounded
+    to half for a half output, as the gelu_tanh kernel writes it under fp16 activations) on
+    every path, two segments and a bias; a half output needs an activation, an unknown one is
+    an error."""
+    from tinyloop.backends.reference.twins import elementwise as twin_elementwise
+    rows = {"rows 1": 1, "rows 65": 65}.get(path, 70)
+    rng = np.random.default_rng(rows + 7 * len(path))
+    n_in = 75
+    parts = [weight_part("int4", rng, 30, n_in, act_order=True), weight_part("int4", rng, 14, n_in)]
+    bias = rng.standard_normal(44).astype(np.float32)
+    x = inputs(rng, rows, n_in).astype(np.float16 if path == "tensor cores" else np.float32)
+    exact, tensor_cores = path.startswith("rows"), path == "tensor cores"
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=kernel_device.asarray), keep_f16=True)
+    module, tc = kernel_device.module("linear"), kernel_device.module("linear_tc") if tensor_cores else None
+    fused, plain = kernel_device.zeros((rows, 44), out_dtype), kernel_device.zeros((rows, 44), np.float32)
+    x_dev = kernel_device.asarray(x)
+    launch.linear(module, x_dev, packed, fused, exact, tc, activation="gelu")
+    launch.linear(module, x_dev, packed, plain, exact, tc)
+    expected = twin_elementwise.gelu_tanh(kernel_device.to_host(plain)).astype(out_dtype)
+    got = kernel_device.to_host(fused)
+    assert got.dtype == out_dtype and np.array_equal(got.view(np.uint16 if out_dtype == np.float16 else np.uint32),
+                                                     expected.view(np.uint16 if out_dtype == np.float16 else np.uint32))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        launch.linear(module, x_dev, packed, plain, exact, tc, activation="relu")
+    with pytest.raises(ValueError, match="float16 only with an activation"):
+        launch.linear(module, x_dev, packed, kernel_device.zeros((rows, 44), np.float16), exact, tc)
+
+
 # -- fp16 activations: the kernels widen a half x as they stage it ------------------------------
 @pytest.mark.parametrize("exact,rows", [(True, 1), (True, 65), (False, 70)])
 @pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)

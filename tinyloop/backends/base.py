@@ -123,6 +123,11 @@ class Backend(abc.ABC):
     def gelu(self, x):
         """GELU, tanh approximation; linear_input_dtype (the down projection's input)."""
 
+    def linear_gelu(self, x, weight, exact: bool):
+        """gelu(linear(x, weight, exact)), the bits of the two calls: a GPU backend fuses the
+        activation into the linear's epilogue (one launch fewer per layer)."""
+        return self.gelu(self.linear(x, weight, exact))
+
     # -- the KV cache --------------------------------------------------------------------------
     @abc.abstractmethod
     def kv_pool(self, mode: str, n_kv: int, rows: int, head_dim: int):

@@ -146,27 +146,35 @@ class LoopedTransformer:
         x = self._norm(h, weights.mlp_norm, feeds_linear=True)
         if capture:
             capture("up", x)
-        up = self.linear_rows(x, weights.up, rows)                          # (T, ffn) or (T, 2 ffn)
-        act = b.swiglu(up, c.ffn_dim) if c.mlp == "swiglu" else b.gelu(up)
+        if c.mlp == "swiglu":
+            act = b.swiglu(self.linear_rows(x, weights.up, rows), c.ffn_dim)     # up: (T, 2 ffn)
+        else:                                                                  # GELU in the linear's call
+            act = self.linear_rows(x, weights.up, rows, gelu=True)
         if capture:
             capture("down", act)
         return self._residual(h, act, weights.down, weights.mlp_post_norm, rows)
 
-    def linear_rows(self, x, weight, rows: Rows, residual=None):
+    def linear_rows(self, x, weight, rows: Rows, residual=None, gelu: bool = False):
         """x (T, in) @ weight for stacked rows: one call where the backend gives every row its
         exact-path bits in any company (backend.bulk_is_exact, or every part exact); else the
         exact parts' rows together and each bulk (prefill) part on its own, as a forward of
-        its own would run them."""
+        its own would run them. gelu: GELU of the result (backend.linear_gelu; no residual)."""
         b = self.backend
         groups = rows.linear_groups(b.bulk_is_exact)
-        if len(groups) == 1:
+        if gelu:
+            assert residual is None, "the MLP's up projection has no residual"
+            if len(groups) == 1:
+                return b.linear_gelu(x, weight, groups[0][0])
+        elif len(groups) == 1:
             return b.linear(x, weight, groups[0][0], residual=residual)
         pieces = [None] * len(rows.parts)
         for exact, members in groups:
             xs = [x[rows.parts[i][0]:rows.parts[i][1]] for i in members]
             res = None if residual is None else [residual[rows.parts[i][0]:rows.parts[i][1]] for i in members]
-            out = b.linear(xs[0] if len(xs) == 1 else b.xp.concatenate(xs), weight, exact,
-                           residual=None if res is None else res[0] if len(res) == 1 else b.xp.concatenate(res))
+            joined = xs[0] if len(xs) == 1 else b.xp.concatenate(xs)
+            out = b.linear_gelu(joined, weight, exact) if gelu else b.linear(
+                joined, weight, exact, residual=None if res is None else res[0] if len(res) == 1
+                else b.xp.concatenate(res))
             start = 0
             for i, piece in zip(members, xs):
                 pieces[i] = out[start:start + piece.shape[0]]

@@ -186,13 +186,16 @@ class CudaBackend(Backend):
         device_ids = self._static.tokens if self._static is not None else self._ints(ids)
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
-    def linear(self, x, weight, exact: bool, residual=None):
-        out = self._empty((x.shape[0], weight.out_features))
+    def linear(self, x, weight, exact: bool, residual=None, activation=None):
+        # with an activation (the MLP's up projection) the output is the down projection's
+        # input: half under fp16 activations, as the separate activation kernel would write it
+        out = self._empty((x.shape[0], weight.out_features),
+                          self.linear_input_dtype if activation else np.float32)
         # prefill with fp16 activations: tensor cores where the device has them (the launcher
         # still sends short calls to the row kernels)
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
         return linear.linear(self._module("linear"), x, weight, out, exact,
-                             self._module("linear_tc") if tensor_cores else None, residual)
+                             self._module("linear_tc") if tensor_cores else None, residual, activation)
 
     def _norm_out(self, shape, feeds_linear: bool):
         return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)
@@ -213,6 +216,9 @@ class CudaBackend(Backend):
         up = self.xp.ascontiguousarray(up)
         return elementwise.swiglu(self._module("elementwise"), up,
                                   self._empty((up.shape[0], ffn_dim), self.linear_input_dtype))
+
+    def linear_gelu(self, x, weight, exact: bool):
+        return self.linear(x, weight, exact, activation="gelu")          # fused: cuda/linear_kinds.cuh
 
     def gelu(self, x):
         x = self.xp.ascontiguousarray(x)

@@ -26,18 +26,28 @@ BULK_THREADS = 256
 BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the faster one
 
 
-def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None):
-    """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32 (row stride free)
-    <- x @ W.T + bias (+ residual: (T, out) float32, row stride free, not overlapping out; the
-    residual add fused into the kernels' epilogue, the bits of residual + (x @ W.T + bias)).
+ACTIVATIONS = {None: 0, "gelu": 1}
+
+
+def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None):
+    """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32, or float16 with an
+    activation (row stride free) <- x @ W.T + bias (+ residual: (T, out) float32, row stride
+    free, not overlapping out; the residual add fused into the kernels' epilogue, the bits of
+    residual + (x @ W.T + bias)), then (activation "gelu") GELU, fused likewise: the bits of the
+    gelu_tanh kernel on the float result, rounded to half where out is float16.
     tc_module: the linear_tc module, for bulk calls with a float16 x."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
+                         f"got {activation!r}")
     if x.ndim != 2 or x.shape[1] != packed.in_features:
         raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
     n_rows = x.shape[0]
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
     x_half = x.dtype == np.float16
-    x_stride, y_stride = _row_stride(x, "x", np.float16 if x_half else np.float32), _row_stride(out, "out")
+    y_half = activation is not None and out.dtype == np.float16      # an activation's output may be half
+    x_stride = _row_stride(x, "x", np.float16 if x_half else np.float32)
+    y_stride = _row_stride(out, "out", np.float16 if y_half else np.float32)
     residual_stride = 0
     if residual is not None:
         if residual.ndim != 2 or residual.shape != out.shape:
@@ -74,7 +84,8 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
                 np.int32(seg.stored_in), np.int32(packed.in_features),
                 any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
                 any_float if residual is None else residual, np.int32(residual is not None),
-                np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset))
+                np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset),
+                np.int32(ACTIVATIONS[activation]), np.int32(y_half))
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
 
@@ -86,7 +97,7 @@ def _blocks(n: int, per_block: int) -> int:
 def _row_stride(array, name: str, dtype=np.float32) -> int:
     """Row stride in elements of a (T, width) array of `dtype` whose rows are each contiguous."""
     if array.dtype != dtype:
-        allowed = "float32 or float16" if name == "x" else "float32"
+        allowed = "float32 or float16" if name == "x" else "float32 (float16 only with an activation)"
         raise ValueError(f"{name} must be {allowed}, got {array.dtype}")
     size = array.dtype.itemsize
     if array.shape[1] > 1 and array.strides[1] != size:
