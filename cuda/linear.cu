@@ -79,8 +79,8 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
 }
 
 // This lane's words of the tile starting at word `tile` of the warp's column o (lane l: words
-// tile + 32 q + l), with their scales and mins; zeros past the row or for an inactive warp.
-template <class Kind, int ROUNDS>
+// tile + 32 q + l), and (PARAMS) their scales and mins; zeros past the row or for an inactive warp.
+template <class Kind, int ROUNDS, bool PARAMS>
 __device__ __forceinline__ void load_tile(const LinearArgs& a, const unsigned int* row_words, int tile, int o,
                                           bool active, unsigned int* words, typename Kind::Params* params) {
     const int lane = threadIdx.x & 31;
@@ -89,7 +89,7 @@ __device__ __forceinline__ void load_tile(const LinearArgs& a, const unsigned in
         int w = tile + q * 32 + lane;
         bool inside = active && w < a.words_per_row;
         words[q] = inside ? row_words[w] : 0u;   // sass: linear-rows-weights
-        params[q] = inside ? Kind::params(w, o, a) : typename Kind::Params();
+        if (PARAMS) params[q] = inside ? Kind::params(w, o, a) : typename Kind::Params();
     }
 }
 
@@ -118,7 +118,7 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
     constexpr bool PIPELINE = R <= LIN_PIPELINE_ROWS;
     unsigned int next[ROUNDS];
     typename Kind::Params next_params[ROUNDS];
-    if (PIPELINE) load_tile<Kind, ROUNDS>(a, row_words, 0, o, active, next, next_params);
+    if (PIPELINE) load_tile<Kind, ROUNDS, true>(a, row_words, 0, o, active, next, next_params);
     for (int tile = 0; tile < a.words_per_row; tile += TILE_WORDS) {
         unsigned int words[ROUNDS];
         typename Kind::Params params[ROUNDS];
@@ -129,13 +129,9 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
                 params[q] = next_params[q];
             }
             if (tile + TILE_WORDS < a.words_per_row)
-                load_tile<Kind, ROUNDS>(a, row_words, tile + TILE_WORDS, o, active, next, next_params);
+                load_tile<Kind, ROUNDS, true>(a, row_words, tile + TILE_WORDS, o, active, next, next_params);
         } else {
-#pragma unroll
-            for (int q = 0; q < ROUNDS; q++) {
-                int w = tile + q * 32 + lane;
-                words[q] = (active && w < a.words_per_row) ? row_words[w] : 0u;   // sass: linear-rows-weights
-            }
+            load_tile<Kind, ROUNDS, false>(a, row_words, tile, o, active, words, params);
         }
         __syncthreads();                    // the previous tile's readers are done with xs
         stage_rows<CPW, R, X>(a, row0, tile * CPW, xs);

@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import sass_loops  # noqa: E402  (scripts/sass_loops.py)
+
+from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa: E402
 HBM = 4.8e12
 CONTEXT = 1024
 
@@ -189,12 +191,11 @@ def resident_warps(kernel: str, threads: int, dynamic_smem: int = 0) -> int:
 
 
 def attention_shared(s: dict, sass: dict | None) -> int:
-    """Pass 1's dynamic shared memory: two tiles (keys and values together) where the SASS has
-    the 16-byte stager, one before it (launch/attention.py shared_bytes, then and now)."""
+    """Pass 1's dynamic shared memory for one query (launch/attention.py shared_bytes): two tiles
+    (keys and values together) where the SASS has the 16-byte stager, one before it."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     staged = any("attention-stage" in l["tags"] for l in kernels.get("attention_fp16", {}).get("loops", []))
-    group, hd = s["heads"] // s["kv"], s["hd"]
-    return 4 * (2 * group * hd + (2 if staged else 1) * 64 * (hd | 1) + 68 * group)
+    return attention_launch.shared_bytes(s["heads"] // s["kv"], s["hd"], 1, 2 if staged else 1)
 
 
 def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]:

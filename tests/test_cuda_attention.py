@@ -451,12 +451,12 @@ def test_queries_share_a_block_without_a_window():
     once for up to 16 of them) when no window makes their chunks differ; the shared memory stays
     within the launcher's budget, and the bits are each query's alone (the tests above run
     every case through it: 65-node trees, 4k contexts, windows at one query a block)."""
-    assert launch.queries_per_block(16, 1, 128, 0, 0) == 16                       # doc-407m's verify
-    assert launch.queries_per_block(65, 3, 64, 0, 0) == 16                        # SmolLM2, a big tree
-    assert launch.queries_per_block(16, 1, 128, 64, 2) == 1                       # a window: one each
-    assert launch.queries_per_block(3, 1, 64, 0, 0) == 3
-    assert launch.shared_bytes(16, 128, launch.queries_per_block(16, 16, 128, 0, 0)) <= launch.SHARED_BUDGET
-    assert launch.queries_per_block(16, 16, 128, 0, 0) >= 1
+    assert launch.layout(16, 1, 128, 0, 0) == (16, 2)                             # doc-407m's verify
+    assert launch.layout(65, 3, 64, 0, 0) == (16, 2)                              # SmolLM2, a big tree
+    assert launch.layout(16, 1, 128, 64, 2) == (1, 2)                             # a window: one each
+    assert launch.layout(3, 1, 64, 0, 0) == (3, 2)
+    assert launch.layout(16, 16, 128, 0, 0) == (1, 2)                             # G = 16: over the budget
+    assert launch.shared_bytes(16, 128, 2) > launch.SHARED_BUDGET
 
 
 def test_a_device_too_small_for_one_tile_is_a_clear_error():

@@ -160,21 +160,20 @@ class LoopedTransformer:
         exact parts' rows together and each bulk (prefill) part on its own, as a forward of
         its own would run them. gelu: GELU of the result (backend.linear_gelu; no residual)."""
         b = self.backend
+        if gelu and residual is not None:
+            raise ValueError("a GELU linear takes no residual (the MLP's up projection has none)")
+
+        def call(x, exact, residual):
+            return b.linear_gelu(x, weight, exact) if gelu else b.linear(x, weight, exact, residual=residual)
         groups = rows.linear_groups(b.bulk_is_exact)
-        if gelu:
-            assert residual is None, "the MLP's up projection has no residual"
-            if len(groups) == 1:
-                return b.linear_gelu(x, weight, groups[0][0])
-        elif len(groups) == 1:
-            return b.linear(x, weight, groups[0][0], residual=residual)
+        if len(groups) == 1:
+            return call(x, groups[0][0], residual)
         pieces = [None] * len(rows.parts)
         for exact, members in groups:
             xs = [x[rows.parts[i][0]:rows.parts[i][1]] for i in members]
             res = None if residual is None else [residual[rows.parts[i][0]:rows.parts[i][1]] for i in members]
-            joined = xs[0] if len(xs) == 1 else b.xp.concatenate(xs)
-            out = b.linear_gelu(joined, weight, exact) if gelu else b.linear(
-                joined, weight, exact, residual=None if res is None else res[0] if len(res) == 1
-                else b.xp.concatenate(res))
+            out = call(xs[0] if len(xs) == 1 else b.xp.concatenate(xs), exact,
+                       None if res is None else res[0] if len(res) == 1 else b.xp.concatenate(res))
             start = 0
             for i, piece in zip(members, xs):
                 pieces[i] = out[start:start + piece.shape[0]]

@@ -53,9 +53,10 @@ class StepInputs:
     injected: object = None        # (T, D)
 
     @classmethod
-    def allocate(cls, xp):
-        values = xp.zeros(3, np.int32)
-        return cls(values, values[0:1], values[1:2], values[2:3])
+    def allocate(cls, xp, n_rows: int = 1):
+        """A forward's inputs over n_rows rows: tokens, positions, rows."""
+        values = xp.zeros(3 * n_rows, np.int32)
+        return cls(values, values[:n_rows], values[n_rows:2 * n_rows], values[2 * n_rows:])
 
     @classmethod
     def allocate_verify(cls, xp, n_rows: int, tree: bool, d_model: int):
@@ -79,53 +80,19 @@ def tail_rows_bound(n_nodes: int) -> int:
     return ((62 + n_nodes) // ATTENTION_BLOCK + 1) * ATTENTION_BLOCK
 
 
-class DecodeGraph:
-    """model.forward([token], [position], cache, loops) for one request, as a replayed graph."""
-
-    def __init__(self, backend, model, cache, loops: int):
-        xp = backend.xp
-        self.backend, self.model, self.cache, self.loops = backend, model, cache, loops
-        self.inputs = StepInputs.allocate(xp)
-        self.steps = 0
-        self.replay = None
-        self.logits = None                   # (1, V): where every replay leaves its logits
-
-        self.arena_bytes = None
-
-    def __call__(self, token: int, position: int):
-        self.steps += 1
-        device = self.backend.device
-        if self.steps == 1:                  # warm-up: compile and load every kernel, set attributes
-            logits, self.arena_bytes = device.measure(
-                lambda: self.model.forward([token], [position], self.cache, self.loops))
-            return logits
-        row = int(self.cache.geometry.physical(position))
-        self.cache.ensure_rows(position, 1)      # a new pool block lands in the device table, which the graph reads
-        device.upload_ints(self.inputs.values, [token, position, row])
-        with self.backend.static_inputs(self.inputs):
-            if self.replay is None:
-                # the closure's token and position are frozen, as in a recorded graph: only
-                # the host-side checks see them; the kernels read self.inputs
-                self.replay, self.logits = device.capture(
-                    lambda: self.model.forward([token], [position], self.cache, self.loops), self.arena_bytes)
-            else:
-                self.replay()
-        return self.logits
-
-
 class ForwardGraph:
     """model.forward(tokens, positions, cache, loops) over T consecutive rows, as a replayed
-    graph: the exact path at full depth for any T (1 is a decode step, 16 a verify's worth of
-    rows), with each replay's tokens, positions and physical rows in StepInputs. Used by
-    scripts/bench_gpu.py to time a T-row step against a 1-row one as graph replays on the
-    same cache and context, so neither side pays for Python's launches."""
+    graph: the exact path at full depth for any T, with each replay's tokens, positions and
+    physical rows in StepInputs. A decode step is one row (DecodeGraph); scripts/bench_gpu.py
+    times a 16-row step against a 1-row one with it, as graph replays on the same cache."""
 
     def __init__(self, backend, model, cache, loops: int, n_rows: int):
-        xp = backend.xp
         self.backend, self.model, self.cache, self.loops, self.n_rows = backend, model, cache, loops, n_rows
-        values = xp.zeros(3 * n_rows, np.int32)            # tokens, positions, rows
-        self.inputs = StepInputs(values, values[:n_rows], values[n_rows:2 * n_rows], values[2 * n_rows:])
-        self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
+        self.inputs = StepInputs.allocate(backend.xp, n_rows)
+        self.steps = 0
+        self.replay = None
+        self.logits = None                   # (T, V): where every replay leaves its logits
+        self.arena_bytes = None
 
     def __call__(self, tokens, positions):
         """tokens, positions: (T,) ints, positions consecutive. -> (T, V) logits (the graph's
@@ -134,10 +101,13 @@ class ForwardGraph:
             raise ValueError(f"a forward graph of {self.n_rows} rows cannot run {len(positions)}")
         self.steps += 1
         device = self.backend.device
+        # the closure's tokens and positions are frozen, as in a recorded graph: only the
+        # host-side checks see them; the kernels read self.inputs
         run = lambda: self.model.forward(list(tokens), list(positions), self.cache, self.loops)   # noqa: E731
-        if self.steps == 1:
+        if self.steps == 1:                  # warm-up: compile and load every kernel, set attributes
             logits, self.arena_bytes = device.measure(run)
             return logits
+        # a new pool block lands in the device table, which the graph reads
         self.cache.ensure_rows(int(positions[0]), self.n_rows)
         rows = self.cache.geometry.physical(np.asarray(positions, np.int64))
         device.upload_ints(self.inputs.values, np.concatenate([np.asarray(tokens), np.asarray(positions), rows]))
@@ -147,6 +117,16 @@ class ForwardGraph:
             else:
                 self.replay()
         return self.logits
+
+
+class DecodeGraph(ForwardGraph):
+    """model.forward([token], [position], cache, loops) for one request, as a replayed graph."""
+
+    def __init__(self, backend, model, cache, loops: int):
+        super().__init__(backend, model, cache, loops, 1)
+
+    def __call__(self, token: int, position: int):
+        return super().__call__([token], [position])
 
 
 class VerifyGraph:

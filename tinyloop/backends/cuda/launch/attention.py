@@ -75,10 +75,6 @@ def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: 
     return n, tiles
 
 
-def queries_per_block(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int) -> int:
-    """layout()'s queries a block on a device of 227 KiB."""
-    return layout(n_queries, group, head_dim, window, ring_blocks)[0]
-
 
 ROW_BYTES = {"fp32": lambda hd: 4 * hd, "fp16": lambda hd: 2 * hd, "int8": lambda hd: hd,
              "int4": lambda hd: hd // 2, "int4-h": lambda hd: hd // 2}
