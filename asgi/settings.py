@@ -54,6 +54,8 @@ class Settings:
     def from_env(cls) -> "Settings":
         from tinyloop.backends.cuda.graphs import graphs_enabled
         graphs_enabled()                    # TINYLOOP_CUDA_GRAPHS: read by the CUDA backend, a typo refused here
+        from tinyloop.backends.cuda.backend import mma_rows_enabled
+        mma_rows_enabled()                  # TINYLOOP_CUDA_MMA_ROWS: likewise
         from tinyloop.backends.select import activations_from_env
         activations_from_env()              # TINYLOOP_ACTIVATIONS: read when the backend is made, checked here
         return cls(

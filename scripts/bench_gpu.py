@@ -187,6 +187,26 @@ def linear_figures(cp, clock, backend, layer, rows: int, calls: int) -> dict:
     return out
 
 
+def mma_linear_figures(cp, clock, backend, layer, rows: int, calls: int) -> dict:
+    """linear_figures with the exact path on tensor cores (TINYLOOP_CUDA_MMA_ROWS's
+    cuda/linear_mma.cu), beside the float32 rows kernels' stage; and whether a row's bits are
+    the same alone and among 16 (the invariance speculation rests on), per weight."""
+    if not backend.tensor_cores:
+        return {"error": "no tensor cores (sm_80+) on this device"}
+    backend.mma_rows = True
+    try:
+        out = linear_figures(cp, clock, backend, layer, rows, calls)
+        for name in ("qkv", "out", "up", "down"):
+            weight = getattr(layer, name)
+            x = cp.asarray(np.random.default_rng(1).standard_normal((16, weight.in_features)).astype(np.float32))
+            together = cp.asnumpy(backend.linear(x, weight, True))
+            alone = np.stack([cp.asnumpy(backend.linear(x[t:t + 1], weight, True))[0] for t in range(16)])
+            out[name]["row_invariant"] = bool(np.array_equal(together.view(np.uint32), alone.view(np.uint32)))
+        return out
+    finally:
+        backend.mma_rows = False
+
+
 def prefill_linear(cp, clock, backend, layer, rows: int) -> dict:
     """512-row bulk products: the float32 tiled kernel against the tensor-core one (half x)."""
     out = {}
@@ -289,11 +309,12 @@ def summary_lines(report: dict) -> list[str]:
     for key, value in report.items():
         if isinstance(value, dict) and "error" in value:
             lines.append(f"{key}: FAILED {value['error']}")
-    for key in ("linear_1_row", "linear_16_rows"):
+    for key in ("linear_1_row", "linear_16_rows", "linear_mma_1_row", "linear_mma_16_rows"):
         figures = report.get(key, {})
         for name, r in figures.items() if "error" not in figures else ():
             lines.append(f"{key} {name}: {r['graph_us']:.1f} us in a graph ({r['eager_us']:.1f} eager), "
-                         f"{r['GB_s']:.0f} GB/s = {r['share_of_peak']:.0%} of 4.8 TB/s")
+                         f"{r['GB_s']:.0f} GB/s = {r['share_of_peak']:.0%} of 4.8 TB/s"
+                         + (f", row-invariant: {r['row_invariant']}" if "row_invariant" in r else ""))
     for c in report.get("contexts", []) if isinstance(report.get("contexts"), list) else ():
         lines.append(f"context {c['context']}: decode {c['decode_graph_us']:.0f} us/token as a graph "
                      f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
@@ -325,6 +346,8 @@ def main() -> int:
     stages = [
         ("linear_1_row", lambda: linear_figures(cp, clock, backend, layer, 1, calls)),
         ("linear_16_rows", lambda: linear_figures(cp, clock, backend, layer, 16, calls)),
+        ("linear_mma_1_row", lambda: mma_linear_figures(cp, clock, backend, layer, 1, calls)),
+        ("linear_mma_16_rows", lambda: mma_linear_figures(cp, clock, backend, layer, 16, calls)),
         ("prefill_512_rows", lambda: prefill_linear(cp, clock, backend, layer, 512)),
         ("contexts", lambda: [context_figures(cp, clock, model, 8, c, replays, wall_steps) for c in args.contexts]),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import sass_loops  # noqa: E402  (scripts/sass_loops.py)
 
 from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa: E402
+from tinyloop.backends.cuda.launch import linear as linear_launch  # noqa: E402
 HBM = 4.8e12
 CONTEXT = 1024
 
@@ -44,7 +45,7 @@ SHAPES = {
 BLOCK_THREADS = {"linear_rows": 256, "linear_bulk": 256, "kv_write": 128, "attention_merge": 128, "attention": 128,
                  "rms_norm": 256, "layer_norm": 256, "rope_rows": 256,
                  "swiglu": 256, "gelu_tanh": 256, "embed_rows": 256, "argmax_rows": 256,
-                 "linear_tc": 256, "mma_16816_lanes": 32}
+                 "linear_tc": 256, "mma_16816_lanes": 32, "linear_mma": 128}
 
 
 def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
@@ -164,6 +165,38 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
                        loop["rounds"])
 
 
+def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict | None:
+    """One linear_mma_int4 call (TINYLOOP_CUDA_MMA_ROWS), rows <= 16 a tile: -> {partials,
+    detail, fraction, extra_s}, or None without its SASS figures. A warp's split runs in batches
+    of 4 chunks, the next batch's weights loading while this one's products are summed: about
+    two batches in flight, chunks x 2 x (16 + 2 + 2) bytes a lane in all. Its instructions are
+    the batch loop's body in cuda/SASS.md (one batch of 4 chunks with one pass of the staging
+    loop), scaled to the split's chunks, and one staging pass per chunk. With several splits the partials are written and read back and the last
+    block's reduction adds two round trips (the counter's, the partials')."""
+    kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
+    loops = kernels.get("linear_mma_int4", {}).get("loops", [])
+    # the batch loop's body (the next batch's loads, a staging pass, the products); before the
+    # loop, the first batch's loads and the run to the last mma count the same work again
+    batch_loops = [l for l in loops if "linear-mma-weights" in l["tags"]]
+    stage = [l for l in loops if l["tags"] == ["linear-mma-stage"]]
+    if not batch_loops:
+        return None
+    body = min(batch_loops, key=lambda l: l["instructions"])
+    split_k = linear_launch.mma_split_k(n_in, n_out)
+    chunks, splits = split_k // linear_launch.MMA_CHUNK, -(-n_in // split_k)
+    batches = -(-chunks // linear_launch.MMA_MAX_CHUNKS)
+    stage_pass = min(l["instructions"] for l in stage) if stage else 0
+    instructions = ((body["instructions"] - stage_pass) * chunks / linear_launch.MMA_MAX_CHUNKS
+                    + chunks * stage_pass)
+    loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
+    tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
+    warps = -(-n_out // linear_launch.MMA_BLOCK_COLS) * splits * tiles * (linear_launch.MMA_THREADS // 32)
+    detail = expected_fraction(loop, resident_warps("linear_mma_int4", linear_launch.MMA_THREADS), warps)
+    partials = 2 * splits * rows * n_out * 4 if splits > 1 else 0
+    return {"partials": partials, "detail": {**detail, "splits": splits}, "fraction": detail["fraction"],
+            "extra_s": 2 * LATENCY_S if splits > 1 else 0.0}
+
+
 def queries_share_blocks() -> bool:
     """Whether a pass-1 block serves several queries (attention.cu's att_block_step: a verify's
     queries read each block of keys and values once)."""
@@ -198,7 +231,7 @@ def attention_shared(s: dict, sass: dict | None) -> int:
     return attention_launch.shared_bytes(s["heads"] // s["kv"], s["hd"], 1, 2 if staged else 1)
 
 
-def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]:
+def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
     argmax: a few KiB each) count at full bandwidth: their launch is their cost.
@@ -206,18 +239,30 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]
     rows = 16: the same step for a 16-row verify. The linear runs two 8-row chunks, each with
     the 8-row loop's figures and each reading the weights (the second from L2, counted at
     HBM's rate); attention runs 16 queries' blocks, each reading its keys and values (from L2
-    after the first, counted likewise): both pessimistic where L2 serves faster than HBM."""
+    after the first, counted likewise): both pessimistic where L2 serves faster than HBM.
+
+    mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once."""
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
     linear_warps = {"linear_rows qkv": q + 2 * kv, "linear_rows out (+ residual)": d, "linear_rows up": up_out,
                     "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d,
                     "linear_rows head": s["vocab"]}
+    linear_in = {"linear_rows qkv": d, "linear_rows out (+ residual)": q, "linear_rows up": d,
+                 "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
     att_blocks = s["kv"] * (CONTEXT // 256) * rows
     out = []
     for name, nbytes, calls in step_rows(s):
-        fraction, detail = 1.0, None
-        if name in linear_warps:
+        fraction, detail, extra_s = 1.0, None, 0.0
+        bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
+        call = mma_call(linear_in[name], linear_warps[name], rows, sass) \
+            if mma and name in linear_warps and bits == 4 else None
+        if call:
+            name = name.replace("linear_rows", "linear_mma")
+            detail, extra_s = call["detail"], call["extra_s"]
+            nbytes += call["partials"] + (rows - 1) * (linear_in[name.replace("linear_mma", "linear_rows")]
+                                                       + linear_warps[name.replace("linear_mma", "linear_rows")]) * 4
+        elif name in linear_warps:
             kernel = f"linear_rows_int{s['head_bits']}" if name.endswith("head") else f"linear_rows_{kind}"
             loop = hot_loop(kernel, rows, sass)
             if loop:
@@ -241,7 +286,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1) -> list[dict]
             nbytes *= rows                                            # per-row activations
         if detail:
             fraction = detail["fraction"]
-        seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S
+        seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S + extra_s
         out.append({"kernel": name, "bytes": nbytes, "calls": calls, "fraction": fraction, "detail": detail,
                     "us": seconds * 1e6})
     return out
@@ -267,6 +312,21 @@ def latency_table(sass: dict | None = None) -> str:
                   f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", "",
                   f"The same step over 16 rows (a verify, `latency_rows(rows=16)`): {verify:,.0f} us, "
                   f"{verify / total:.2f}x the 1-row step (the target is 1.2x).", ""]
+        mma_rows = latency_rows(shape, sass, mma=True)
+        if any(r["kernel"].startswith("linear_mma") for r in mma_rows):
+            mma_total = sum(r["us"] * r["calls"] for r in mma_rows)
+            mma_verify = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, rows=16, mma=True))
+            lines += [f"With `TINYLOOP_CUDA_MMA_ROWS=1` (the int4 linears on `linear_mma_int4`, `mma_call`):", "",
+                      "| kernel | splits | in flight / SM (B) | latency bound | issue bound | expected share | "
+                      "us / call | us / token |", "|---|---|---|---|---|---|---|---|"]
+            for r in mma_rows:
+                if r["kernel"].startswith("linear_mma"):
+                    d = r["detail"]
+                    lines.append(f"| {r['kernel']} | {d['splits']} | {d['in_flight']:,.0f} | {d['latency']:.0%} | "
+                                 f"{d['issue']:.0%} | {r['fraction']:.0%} | {r['us']:.2f} | "
+                                 f"{r['us'] * r['calls']:.1f} |")
+            lines += ["", f"Step {mma_total:.0f} us ({1e6 / mma_total:,.0f} tok/s); over 16 rows "
+                      f"{mma_verify:,.0f} us, {mma_verify / mma_total:.2f}x the 1-row step.", ""]
     return "\n".join(lines)
 
 

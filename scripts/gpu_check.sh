@@ -49,7 +49,7 @@ stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
 : > "$REPORT/stages.txt"
 stage environment 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"; python3 -c "from tinyloop.backends.cuda.compile import header_dirs, compile_options; print(\"cuda_fp16.h in\", header_dirs()); print(\"NVRTC options\", compile_options())"'
 stage kernels 80 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-    tests/test_cuda_linear.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
+    tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
     tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"
 # each tool over one small case per kernel file: the sanitizers slow kernels 10-100x. CuPy's
 # memory pool is off there (TINYLOOP_TEST_NO_MEMORY_POOL, tests/kernel_device.py): sub-allocated
@@ -57,15 +57,16 @@ stage kernels 80 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cachep
 SANITIZE_TESTS="(test_tree_of_65_nodes and fp16) or (test_ring_seam_inside_a_chunk and int4) \
 or (test_kv_write_int4h and 128) or (test_rope and 65) or test_top_k_edges or test_embed_rows \
 or (test_rows_kernel_equals_twin and float16-16) or (test_tensor_core_kernel_close and int4-float16) \
-or (test_norms_match and rms-65)"
+or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17) \
+or (test_splits_of_several_batches and 1-150-1280-17)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '
         command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer: not on this machine"; exit 3; }
         compute-sanitizer --tool '"$tool"' --error-exitcode 9 --print-limit 20 \
             env TINYLOOP_TEST_DEVICE=cuda TINYLOOP_TEST_NO_MEMORY_POOL=1 \
             python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_attention.py tests/test_cuda_kv.py \
-            tests/test_cuda_linear.py tests/test_cuda_elementwise.py tests/test_cuda_sampling.py \
-            -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
+            tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_elementwise.py \
+            tests/test_cuda_sampling.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
         grep -q "Device not supported" /tmp/sanitize.log && { echo "compute-sanitizer refuses this device"; exit 3; }
         exit $rc' "$SANITIZE_TESTS"
 done

@@ -141,7 +141,8 @@ def registers(operand: str, width: int = 4) -> set[int]:
 def loops_of(code, tagged: dict) -> tuple[list[Loop], int]:
     """The loops that hold a tagged source line: for each instruction from a line with a
     `// sass:` tag (tagged: {(file, line): NAME}), the smallest loop body [target, branch]
-    of a backward branch around it. -> (those loops, how many loops the kernel has)."""
+    of a backward branch around it; where no loop holds it, the straight run from it to the
+    kernel's last tensor-core instruction (HMMA). -> (those loops, how many loops the kernel has)."""
     spans = set()
     for offset, opcode, operands, _file, _line in code:
         if opcode.startswith("BRA") and (m := OFFSET.search(operands)):
@@ -149,11 +150,19 @@ def loops_of(code, tagged: dict) -> tuple[list[Loop], int]:
             if 0 <= target <= offset:
                 spans.add((target, offset))
     chosen = set()
+    mma = [offset for offset, opcode, *_ in code if opcode.startswith("HMMA")]
     for offset, _opcode, _operands, file, line in code:
         if (file, line) in tagged:
             around = [s for s in spans if s[0] <= offset <= s[1]]
             if around:
                 chosen.add(min(around, key=lambda s: s[1] - s[0]))
+            elif mma and offset < mma[-1]:
+                # a tagged load in no loop (linear_mma.cu: a warp's loads all issued at once, the
+                # products fully unrolled): the straight run from it to the last mma, once
+                chosen.add((offset, mma[-1]))
+    # straight runs that start inside another keep the outer one
+    chosen = {c for c in chosen if not any(o != c and o[0] <= c[0] and c[1] <= o[1] and o[1] == c[1]
+                                           for o in chosen)}
     return [measure(code, start, end, tagged) for start, end in sorted(chosen)], len(spans)
 
 

@@ -33,7 +33,8 @@ def model_path(model_dir):
 @pytest.fixture(scope="session")
 def tiny_files(model_dir):
     """The two tiny presets, and each quantized to int4 and int8 (RTN, groups of 16), by name:
-    "tiny-looped", "tiny-looped int4", "tiny-looped-gpt int8", ..."""
+    "tiny-looped", "tiny-looped int4", "tiny-looped-gpt int8", ...; and to int4 in groups of 32
+    ("tiny-looped int4 g32": the layout the CUDA backend's tensor-core rows take)."""
     from tinyloop.quantize.pipeline import quantize_file
     paths = {}
     for preset, seed in (("tiny-looped", 0), ("tiny-looped-gpt", 1)):
@@ -42,6 +43,8 @@ def tiny_files(model_dir):
         for bits in (4, 8):       # packed weights on the device: the quantized row and bulk kernels
             paths[f"{preset} int{bits}"] = model_dir / f"files-{preset}-int{bits}.tinyloop"
             quantize_file(paths[preset], paths[f"{preset} int{bits}"], bits, 16, "rtn", progress=False)
+        paths[f"{preset} int4 g32"] = model_dir / f"files-{preset}-int4-g32.tinyloop"
+        quantize_file(paths[preset], paths[f"{preset} int4 g32"], 4, 32, "rtn", progress=False)
     return paths
 
 

@@ -78,11 +78,11 @@ class HarnessDevice:
         return replay, result
 
 
-def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp32"):
+def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp32", mma_rows: bool = False):
     if ON_GPU:
         from tinyloop.backends.cuda.device import CupyDevice
-        return CudaBackend(CupyDevice(), graphs, activations)
-    return CudaBackend(HarnessDevice(order), graphs, activations)
+        return CudaBackend(CupyDevice(), graphs, activations, mma_rows)
+    return CudaBackend(HarnessDevice(order), graphs, activations, mma_rows)
 
 
 @pytest.mark.parametrize("preset,mode", [(p, m) for p in ("tiny-looped", "tiny-looped-gpt") for m in MODES]
@@ -124,6 +124,82 @@ def test_greedy_speculation_equals_plain_generation_on_cuda(tiny_files, preset):
             p = SpeculativeParams(params.draft_loops, verify, params.draft_ahead, branches)
             spec = speculative_generate(model, GenerationRequest(prompt, 12), p)
             assert np.array_equal(spec.tokens, plain.tokens), (preset, case, p)
+
+
+class LaunchCounter:
+    """A module wrapper that counts the launches of each kernel taken from it."""
+
+    def __init__(self, module, counts):
+        self.module, self.counts = module, counts
+
+    def get_function(self, name):
+        function = self.module.get_function(name)
+
+        def launch(*args, **kwargs):
+            self.counts[name] = self.counts.get(name, 0) + 1
+            return function(*args, **kwargs)
+        return launch
+
+
+def mma_rows_model(path, mode="fp16", order="id"):
+    """A model on the CUDA backend with TINYLOOP_CUDA_MMA_ROWS's path, and its launch counts."""
+    backend = cuda_backend(order, mma_rows=True)
+    counts, original = {}, backend._module
+    backend._module = lambda name: LaunchCounter(original(name), counts)
+    return load_model(path, backend, kv_mode=mode).model, counts
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=SLOW_ON_THE_HARNESS)         # the tree test below is
+                                    for p in ("tiny-looped int4 g32", "tiny-looped-gpt int4 g32")])   # the default run's
+def test_greedy_speculation_equals_plain_generation_on_tensor_core_rows(tiny_files, preset):
+    """TINYLOOP_CUDA_MMA_ROWS: decode, draft and verify rows through linear_mma_int4 (counted),
+    chains and trees equal plain generation token for token over random prompts and depths.
+    (Prefill is not the exact path: short prompts still go through linear_rows_*.)"""
+    model, counts = mma_rows_model(tiny_files[preset])
+    rng = np.random.default_rng(71)
+    for case in range(2):
+        prompt = [int(t) for t in rng.integers(0, model.config.vocab_size, int(rng.integers(1, 30)))]
+        verify = int(rng.integers(2, model.config.max_loops + 1))
+        params = SpeculativeParams(int(rng.integers(1, verify)), verify, int(rng.integers(2, 6)), 1 + case % 2)
+        plain = generate(model, GenerationRequest(prompt, 10, loops=verify))
+        spec = speculative_generate(model, GenerationRequest(prompt, 10), params)
+        assert np.array_equal(spec.tokens, plain.tokens), (preset, case, params)
+    assert counts.get("linear_mma_int4", 0) > 0, counts      # (short prefills stay on linear_rows_*)
+
+
+@pytest.mark.exactness
+def test_tree_verify_equals_sequential_decode_on_tensor_core_rows(tiny_files):
+    """A random draft tree verified in one forward through linear_mma_int4: every node's logits
+    and cache rows equal a sequential decode of its path, bit for bit."""
+    model, counts = mma_rows_model(tiny_files["tiny-looped int4 g32"])
+    check_tree_against_paths(model, np.random.default_rng(3100), model.config, "fp16", 0, max_plain_prompt=40)
+    assert counts.get("linear_mma_int4", 0) > 0, counts
+
+
+def test_tensor_core_rows_follow_the_cpu_backend(tiny_files):
+    """Logits of decode steps with the exact path on tensor cores: within what rounding the
+    activations and weights to half allows (1e-2 of the largest logit) of the NumPy reference
+    backend's, the same greedy tokens; and not the float32 rows kernels' bits."""
+    path = tiny_files["tiny-looped int4 g32"]
+    cpu = load_model(path, NumpyBackend()).model
+    mma, counts = mma_rows_model(path)
+    rows32 = load_model(path, cuda_backend()).model
+    prompt = [5, 17, 42, 9, 3, 88, 120, 7]
+    loops = cpu.config.default_loops
+    logits = []
+    for model in (cpu, mma, rows32):
+        cache = model.new_cache(len(prompt) + 3, loops)
+        prefill(model, prompt, cache, loops)
+        token, rows = 11, []
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(model.backend.to_host(model.forward([token], [position], cache, loops))[0])
+            token = int(np.argmax(rows[-1]))
+        logits.append(np.stack(rows))
+    want, got, fp32 = logits
+    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max(), np.abs(got - want).max()
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert not np.array_equal(got, fp32) and counts.get("linear_mma_int4", 0) > 0
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=SLOW_ON_THE_HARNESS) if c != 2 else c for c in range(5)])

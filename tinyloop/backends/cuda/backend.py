@@ -12,7 +12,10 @@ Exactness (the rule of backends/reference/__init__.py) holds by construction of 
 the row kernels of the linear, the norms, the KV write and attention give each row
 (query, token) bits that depend on that row's inputs alone — fixed reduction orders,
 no split that depends on the number of rows, no atomics (cuda/README.md). So a verify
-over T rows equals T decode steps bit for bit, on the GPU as in the harness.
+over T rows equals T decode steps bit for bit, on the GPU as in the harness. With
+TINYLOOP_CUDA_MMA_ROWS=1 the exact path's int4 linears run on tensor cores instead
+(cuda/linear_mma.cu): other bits than the float32 rows kernels, row-invariant the same way
+(its split is a function of the weight's shape alone).
 
 Per forward, the plan's positions, write rows and draft-tree path rows are uploaded once
 (DevicePlan, cached on the plan) and every layer's kernels read them on the device.
@@ -20,6 +23,7 @@ Per forward, the plan's positions, write rows and draft-tree path rows are uploa
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,13 +35,22 @@ from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabl
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
 from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
+from tinyloop.backends.cuda.launch.linear import MmaPath
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.backends.cuda.launch.sampling import TOPK_MAX
+from tinyloop.env import env_flag
 from tinyloop.kv.modes import packed_bytes_per_row
 from tinyloop.limits import ATTENTION_BLOCK, MAX_FORWARD_ROWS
 from tinyloop.model.quant import QuantizedTensor, dequantize
 
 NO_TREE = attention_launch.NO_TREE
+
+
+def mma_rows_enabled() -> bool:
+    """TINYLOOP_CUDA_MMA_ROWS: the exact path's int4 linears on tensor cores (cuda/linear_mma.cu);
+    off by default until a GPU has run scripts/gpu_check.sh's invariance test (README, "On a
+    GPU"); a typo is an error (asgi/settings.py checks it at start)."""
+    return env_flag(os.environ, "TINYLOOP_CUDA_MMA_ROWS", False)
 
 
 @dataclass
@@ -60,13 +73,17 @@ class CudaBackend(Backend):
     # nearly free. Not yet measured on a GPU (README, "On a GPU").
     default_max_running = 32
 
-    def __init__(self, device, graphs: bool | None = None, activations: str = "fp32"):
+    def __init__(self, device, graphs: bool | None = None, activations: str = "fp32", mma_rows: bool | None = None):
         self.device = device
         self.xp = device.xp
         self.description = "cuda"
         self.activations = check_activations(activations)
         self.tensor_cores = bool(getattr(device, "tensor_cores", False))   # sm_80+: the fp16 prefill's mma path
         self.graphs = graphs_enabled() if graphs is None else graphs
+        # exact int4 linears on tensor cores: asked for (TINYLOOP_CUDA_MMA_ROWS), and sm_80+
+        self.mma_rows = (mma_rows_enabled() if mma_rows is None else mma_rows) and self.tensor_cores
+        self._mma_partials = None        # float32 split partials of linear_mma (one buffer, grown)
+        self._mma_counters = None        # uint32 zeros: its last-block counters
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
         self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
@@ -194,8 +211,27 @@ class CudaBackend(Backend):
         # prefill with fp16 activations: tensor cores where the device has them (the launcher
         # still sends short calls to the row kernels)
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
+        mma = MmaPath(self._module("linear_mma"), self._mma_scratch, self._mma_counter_buffer) \
+            if exact and self.mma_rows else None
         return linear.linear(self._module("linear"), x, weight, out, exact,
-                             self._module("linear_tc") if tensor_cores else None, residual, activation)
+                             self._module("linear_tc") if tensor_cores else None, residual, activation, mma)
+
+    def _mma_scratch(self, n_floats: int):
+        """linear_mma's split partials: one buffer for every launch (one stream orders them),
+        grown as needed; a replaced one stays alive for the graphs that recorded it."""
+        if self._mma_partials is None or self._mma_partials.size < n_floats:
+            if self._mma_partials is not None:
+                self._retired_scratch.append(self._mma_partials)
+            self._mma_partials = self.xp.empty(max(n_floats, 1 << 16), np.float32)
+        return self._mma_partials[:n_floats]
+
+    def _mma_counter_buffer(self, n: int):
+        """linear_mma's counters, zeros that every launch leaves zero; grown like the partials."""
+        if self._mma_counters is None or self._mma_counters.size < n:
+            if self._mma_counters is not None:
+                self._retired_scratch.append(self._mma_counters)
+            self._mma_counters = self.xp.zeros(max(n, 4096), np.uint32)
+        return self._mma_counters[:n]
 
     def _norm_out(self, shape, feeds_linear: bool):
         return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)

@@ -9,10 +9,18 @@ x is float32 or float16 (fp16 activations); the kernels widen either to float as
 stage it, so a float16 x gives the bits its float32 widening would. A bulk call with a
 float16 x runs on tensor cores (cuda/linear_tc.cu: x and the weights in half, float32
 sums) when the caller passes that module (`tc_module`: the backend does on sm_80 and later).
+
+An exact call runs on tensor cores too when the caller passes an `MmaPath` (cuda/linear_mma.cu:
+1-16 rows a tile, x and the weights in half, float32 sums; row-invariant, but not the bits of
+linear_rows_*): for the segments it takes (int4, half scales, groups of 32, 64 or 128, no
+permutation, 16-byte code rows; `mma_eligible`), the rest stay on the rows kernels.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from dataclasses import dataclass
+from typing import Callable
 
 from tinyloop.backends.cuda.launch.memory import may_overlap
 from tinyloop.backends.cuda.launch.packing import PackedLinear
@@ -28,14 +36,52 @@ BULK_MIN_ROWS = 32             # fewer rows than this: the rows kernel is the fa
 
 ACTIVATIONS = {None: 0, "gelu": 1}
 
+MMA_THREADS = 128              # MMA_THREADS in linear_mma.cu
+MMA_BLOCK_COLS = 64            # output columns per block (MMA_BLOCK_COLS)
+MMA_TILE_ROWS = 16             # rows per tile: the mma's m
+MMA_CHUNK = 128                # stored columns per chunk (MMA_CHUNK)
+MMA_MAX_CHUNKS = 4             # chunks per batch (MMA_MAX_CHUNKS)
+MMA_TARGET_BLOCKS = 132       # column blocks x splits to reach: about one block per H200 SM
 
-def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None):
+
+@dataclass
+class MmaPath:
+    """What an exact call needs to run linear_mma_int4: its module, `scratch(n)` -> n float32
+    (the split partials; the backend keeps one growing buffer) and `counters(n)` -> n uint32
+    zeros that every launch leaves zero."""
+    module: object
+    scratch: Callable[[int], object]
+    counters: Callable[[int], object]
+
+
+def mma_eligible(seg) -> bool:
+    """The segments linear_mma_int4 reads: int4 codes in 16-byte rows, half scales and mins,
+    groups of 32, 64 or 128 columns (one group a lane's 32 columns, whole groups a chunk), no
+    act-order permutation."""
+    return (seg.kind == "int4" and seg.scale is not None and seg.scale.dtype == np.float16
+            and seg.group_size in (32, 64, 128) and seg.perm is None and seg.words_per_row % 4 == 0)
+
+
+def mma_split_k(stored_columns: int, n_out: int) -> int:
+    """Stored columns per split: the column blocks alone when they reach MMA_TARGET_BLOCKS (one
+    split: no partials, no reduction), else as many splits as make up the difference (at most
+    one per chunk). A function of the weight's shape alone (never of the rows or the device):
+    it fixes the order of every sum."""
+    column_blocks = _blocks(n_out, MMA_BLOCK_COLS)
+    chunks = _blocks(stored_columns, MMA_CHUNK)
+    splits = min(chunks, _blocks(MMA_TARGET_BLOCKS, column_blocks))
+    return _blocks(chunks, splits) * MMA_CHUNK
+
+
+def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None,
+           mma: MmaPath | None = None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32, or float16 with an
     activation (row stride free) <- x @ W.T + bias (+ residual: (T, out) float32, row stride
     free, not overlapping out; the residual add fused into the kernels' epilogue, the bits of
     residual + (x @ W.T + bias)), then (activation "gelu") GELU, fused likewise: the bits of the
     gelu_tanh kernel on the float result, rounded to half where out is float16.
-    tc_module: the linear_tc module, for bulk calls with a float16 x."""
+    tc_module: the linear_tc module, for bulk calls with a float16 x. mma: the tensor-core
+    path for exact calls (MmaPath), for the segments it takes."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
@@ -62,7 +108,14 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     for seg in packed.segments:
         if seg.out_features == 0:
             continue
-        if bulk:
+        on_mma = not bulk and mma is not None and mma_eligible(seg)
+        if on_mma:
+            split_k = mma_split_k(seg.words_per_row * 8, seg.out_features)
+            splits = _blocks(seg.words_per_row * 8, split_k)
+            grid = (_blocks(seg.out_features, MMA_BLOCK_COLS), splits, _blocks(n_rows, MMA_TILE_ROWS))
+            block, rows_per_block = (MMA_THREADS,), n_rows
+            name = "linear_mma_int4"
+        elif bulk:
             name = f"linear_{'tc' if tensor_cores else 'bulk'}_{seg.kernel}"
             grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
             block, rows_per_block = (BULK_THREADS,), n_rows
@@ -86,6 +139,11 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
                 any_float if residual is None else residual, np.int32(residual is not None),
                 np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset),
                 np.int32(ACTIVATIONS[activation]), np.int32(y_half))
+        if on_mma:
+            partials = mma.scratch(splits * n_rows * seg.out_features) if splits > 1 else any_float
+            args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k))
+            mma.module.get_function(name)(grid, block, args)
+            continue
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
 

@@ -5,7 +5,7 @@ each an (out, in) float array or a QuantizedTensor, and an optional fused bias) 
 them in the contract's layout (cuda/README.md):
 
 - quantized parts: codes (out, row_bytes) uint8, packed as tinyloop/model/quant.py packs
-  them, each row padded with zero bytes to whole 32-bit words; scale and min
+  them, each row padded with zero bytes to whole 16-byte lines; scale and min
   (out, groups) float16 when the tensor stores both as float16 (GGUF, RTN, GPTQ run
   here: half the bytes of float32, and decode reads every one of them), else float32
   (the stored values widened exactly: GPTQ imports, a float16/float32 mix); the act-order
@@ -195,8 +195,10 @@ def _quantized_part(tensor: QuantizedTensor, index: int) -> _HostPart:
             raise ValueError(f"part {index}: perm must be a permutation of range({padded_in}) "
                              f"(the stored width), got {perm.dtype} of shape {perm.shape}")
         perm = perm.astype(np.int32)
-    words = -(-row_bytes // 4)
-    stored = np.zeros((n_out, words * 4), np.uint8)       # zero bytes pad rows to whole words
+    # zero bytes pad rows to whole 16-byte lines: each row starts 16-byte aligned, as the
+    # 128-bit loads of linear_mma.cu need (the other kernels read any whole number of words)
+    lines = -(-row_bytes // 16)
+    stored = np.zeros((n_out, lines * 16), np.uint8)
     stored[:, :row_bytes] = codes
     kind = f"int{bits}"
     # the kernels read scale and min in one dtype: float16 when both are, else both widened

@@ -5,6 +5,12 @@ column o sums, in order, the products weight * input of the words l, l+32, ... o
 row (within a word, its columns in order); the 32 lane sums go through the warp
 butterfly; then the bias is added. Vectorised over rows, columns and lanes.
 
+`linear_mma` does what linear_mma_int4 (cuda/linear_mma.cu) does on the CPU harness, float32
+operation for operation: the weights rounded once to half, x rounded to half, each split's
+products added in the kernel's k order (the mma stand-in's: slot by slot), the splits added in
+increasing order, then the bias. On a GPU the tensor cores add a step's 16 products their own
+way, so there it is the reference within a tolerance.
+
 `linear_bulk_reference` is what linear_bulk_* approximate (float64 products and sums):
 the bulk kernel's order depends on its tiles and on FMA contraction, so tests compare
 it within a tolerance; `linear_tc_reference` the same for the tensor-core kernels
@@ -127,3 +133,61 @@ def _add_bias(out: np.ndarray, packed: PackedLinear) -> np.ndarray:
 def linear_bulk_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
     """x: (T, in) -> (T, out) float64: the exact value of x @ W.T + bias for the packed W."""
     return _add_bias(np.asarray(x, np.float64) @ dense_weight(packed).astype(np.float64).T, packed)
+
+
+def _mma_order(split_k: int, chunks: int) -> np.ndarray:
+    """The stored columns of one split (relative to its first) in the order linear_mma_int4
+    adds their products: chunk, word q of the lane's four, step (two a word), then the mma's
+    16 slots in order; slot k belongs to lane c = (k % 8) // 2, register k // 8 (b0 or b1),
+    half k % 2, which hold code 2 step + register + 4 half of the lane's word q."""
+    order = []
+    for ch in range(chunks):
+        for q in range(4):
+            for step in range(2):
+                for k in range(16):
+                    c, register, half = (k % 8) // 2, k // 8, k % 2
+                    order.append(ch * 128 + 32 * c + 8 * q + 2 * step + register + 4 * half)
+    return np.asarray(order)
+
+
+def mma_weights(seg: LinearSegment) -> np.ndarray:
+    """(out, stored columns) float32: half(code * scale + min), rounded once (float64 holds
+    the product and sum exactly), as __hfma2 on the device and the harness's double path."""
+    packed = np.asarray(seg.weights)                                   # (out, bytes)
+    codes = np.stack([packed & np.uint8(15), packed >> np.uint8(4)], axis=2).reshape(packed.shape[0], -1)
+    group = np.minimum(np.arange(codes.shape[1]) // seg.group_size, seg.groups - 1)
+    scale = np.asarray(seg.scale).astype(np.float64)[:, group]
+    minimum = np.asarray(seg.min).astype(np.float64)[:, group]
+    return (codes.astype(np.float64) * scale + minimum).astype(np.float16).astype(F)
+
+
+def linear_mma_segment(x: np.ndarray, seg: LinearSegment, in_features: int, split_k: int) -> np.ndarray:
+    """x: (T, in) -> (T, seg out) float32, the bits linear_mma_int4 writes on the harness."""
+    inputs = stored_inputs(np.asarray(x, F), seg, in_features).astype(np.float16).astype(F)   # (T, cols)
+    weights = mma_weights(seg)                                         # (out, cols)
+    columns = weights.shape[1]
+    total = None
+    for k0 in range(0, columns, split_k):
+        chunks = -(-min(split_k, columns - k0) // 128)
+        acc = np.zeros((inputs.shape[0], weights.shape[0]), F)         # (T, out)
+        for col in k0 + _mma_order(split_k, chunks):
+            if col < columns:                                          # past the row: +0, no change
+                acc = acc + inputs[:, col, None] * weights[None, :, col]   # exact products of halves
+        total = acc if total is None else total + acc
+    if seg.bias is not None:
+        total = total + np.asarray(seg.bias, F)
+    return total
+
+
+def linear_mma(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
+    """x: (T, in) -> (T, out) float32 as the launcher fills `out` with an MmaPath: the segments
+    linear_mma_int4 takes through it, the others through linear_rows_*."""
+    from tinyloop.backends.cuda.launch.linear import mma_eligible, mma_split_k
+    pieces = []
+    for seg in packed.segments:
+        if mma_eligible(seg):
+            split_k = mma_split_k(seg.words_per_row * 8, seg.out_features)
+            pieces.append(linear_mma_segment(x, seg, packed.in_features, split_k))
+        else:
+            pieces.append(linear_rows_segment(x, seg, packed.in_features))
+    return np.concatenate(pieces, axis=1)

@@ -1,0 +1,228 @@
+"""cuda/linear_mma.cu (the exact path's linear on tensor cores, 1-16 rows a tile) against its
+twin bit for bit on the harness, against float64 within the half-rounding tolerance anywhere,
+and row invariance, run through the `kernel_device` fixture (the CPU harness, or a GPU)."""
+import struct
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tinyloop.backends.cuda.launch import linear as launch
+from tinyloop.backends.cuda.launch.packing import pack_linear
+from tinyloop.backends.reference.twins import linear as twin
+from tinyloop.model.quant import quantize_rtn
+
+from test_cuda_linear import assert_bits_equal, magnitude, weight_part
+
+
+class Scratch:
+    """The backend's side of an MmaPath: one partials buffer and one counters buffer, kept
+    (so a test can see the counters left zero)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.partials = None
+        self.counter_array = device.zeros(4096, np.uint32)
+
+    def scratch(self, n):
+        self.partials = self.device.empty(n, np.float32)       # 0xFF: a partial never written shows
+        return self.partials
+
+    def counters(self, n):
+        assert n <= self.counter_array.size
+        return self.counter_array[:n]
+
+    def path(self):
+        return launch.MmaPath(self.device.module("linear_mma"), self.scratch, self.counters)
+
+
+def run_mma(device, parts, bias, x, residual=None, activation=None, out_dtype=np.float32, x_pad=(0, 0),
+            scratch=None):
+    """The launcher with an MmaPath on the device; x a view inside a wider buffer. -> host out."""
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
+    rows, n_in = x.shape
+    wide = np.full((rows, x_pad[0] + n_in + x_pad[1]), np.nan, x.dtype)        # NaN: a stray read shows
+    wide[:, x_pad[0]:x_pad[0] + n_in] = x
+    x_dev = device.asarray(wide)[:, x_pad[0]:x_pad[0] + n_in]
+    out = device.empty((rows, packed.out_features), out_dtype)
+    scratch = scratch or Scratch(device)
+    launch.linear(device.module("linear"), x_dev, packed, out, True, None,
+                  None if residual is None else device.asarray(residual), activation, mma=scratch.path())
+    return device.to_host(out)
+
+
+def int4_part(rng, n_out, n_in, group=32):
+    weight = rng.standard_normal((n_out, n_in)).astype(np.float32) / np.sqrt(n_in)
+    return quantize_rtn(weight, 4, group, np.float16)
+
+
+def on_gpu(device) -> bool:
+    return device.is_gpu
+
+
+# -- bit for bit against the twin (the harness runs the mma stand-in the twin spells out) ---------
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("n_in,group", [(576, 32), (100, 32), (1024, 64)])
+def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group):
+    """150 columns (a partial column block), 576 inputs (five splits of one chunk, the last
+    half empty), 100 (one split: the epilogue without partials, padded columns), 1024 with
+    groups of 64 (two splits of four chunks); 1 to 33 rows (one, two and three row tiles);
+    x a view; a bias. On a GPU the tensor cores add their own way: within a tolerance there."""
+    rng = np.random.default_rng(rows * 1000 + n_in)
+    parts = [int4_part(rng, 150, n_in, group)]
+    bias = rng.standard_normal(150).astype(np.float32)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    got = run_mma(kernel_device, parts, bias, x, x_pad=(3, 1))
+    expected = twin.linear_mma(x, pack_linear(parts, bias, np))
+    if on_gpu(kernel_device):
+        assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
+    else:
+        assert_bits_equal(got, expected)
+
+
+def test_the_splits_are_a_function_of_the_weight_alone():
+    """The splits of the model shapes: one where the column blocks reach ~132 (no partials, no
+    reduction), else enough to make up the difference, never more than one per chunk; the twin
+    uses the launcher's choice."""
+    assert launch.mma_split_k(2048, 50257) == 2048        # the head: 786 column blocks, one split
+    assert launch.mma_split_k(2048, 6144) == 1024         # doc-407m qkv: 96 column blocks, 2 splits
+    assert launch.mma_split_k(8192, 2048) == 1664         # down: 32 column blocks, 5 splits of 13 chunks
+    assert launch.mma_split_k(576, 960) == 128            # SmolLM2 qkv: 15 column blocks, a split a chunk
+    assert launch.mma_split_k(128, 64) == 128
+
+
+@pytest.mark.parametrize("target,n_out,n_in,rows", [(1, 150, 1280, 17), (1, 70, 1000, 3), (2, 64, 1280, 1)])
+def test_splits_of_several_batches(kernel_device, monkeypatch, target, n_out, n_in, rows):
+    """A split of 10 chunks (batches of 4, 4 and 2: the next batch's weights loading while one
+    is summed, the staging buffers alternating), a partial last chunk (1000 inputs), and two
+    splits of 5 chunks each (a batch of 4 and one of 1, then the reduction): the twin's bits on
+    the harness, and each row alone equals itself among the others."""
+    monkeypatch.setattr(launch, "MMA_TARGET_BLOCKS", target)
+    rng = np.random.default_rng(n_in + rows)
+    parts = [int4_part(rng, n_out, n_in)]
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    got = run_mma(kernel_device, parts, bias, x)
+    expected = twin.linear_mma(x, pack_linear(parts, bias, np))
+    if on_gpu(kernel_device):
+        assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
+    else:
+        assert_bits_equal(got, expected)
+    assert_bits_equal(run_mma(kernel_device, parts, bias, x[-1:])[0], got[-1])
+
+
+# -- what the exactness rule asks: a row's bits are its own -------------------------------------
+@pytest.mark.exactness
+def test_mma_row_invariance(kernel_device):
+    """Each of 33 rows computed alone equals the same row in the 33-row call (three row tiles,
+    the rows at different places within a tile), bit for bit: on the harness and on a GPU."""
+    rng = np.random.default_rng(5)
+    parts = [int4_part(rng, 70, 576)]
+    bias = rng.standard_normal(70).astype(np.float32)
+    x = rng.standard_normal((33, 576)).astype(np.float32)
+    together = run_mma(kernel_device, parts, bias, x)
+    for t in (0, 7, 15, 16, 24, 32):
+        alone = run_mma(kernel_device, parts, bias, x[t:t + 1])
+        assert_bits_equal(alone[0], together[t])
+    # and within a 16-row tile: a verify's rows, shifted by one, change nothing
+    shifted = run_mma(kernel_device, parts, bias, x[1:17])
+    assert_bits_equal(shifted, together[1:17])
+
+
+# -- against float64: what the half rounding costs, from an independent computation ---------------
+def half_by_struct(value: float) -> float:
+    """The nearest half to a Python float, by the struct module's 'e' format (round half to even):
+    an implementation of its own, not NumPy's."""
+    return struct.unpack("e", struct.pack("e", value))[0]
+
+
+def test_mma_weights_are_the_once_rounded_halves():
+    """Every code 0..15 of int4 rows with random half scales and mins: the twin's weight is
+    struct's half of the exact code * scale + min (one rounding, as __hfma2)."""
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((8, 64)).astype(np.float32)
+    tensor = quantize_rtn(weight, 4, 32, np.float16)
+    tensor.scale = (rng.standard_normal(tensor.scale.shape) * 3).astype(np.float16)
+    tensor.min = (rng.standard_normal(tensor.min.shape) * 40).astype(np.float16)
+    tensor.codes = rng.integers(0, 256, tensor.codes.shape, dtype=np.uint8)
+    seg = pack_linear([tensor], None, np).segments[0]
+    got = twin.mma_weights(seg)
+    for o in range(8):
+        for j in range(64):
+            byte = int(tensor.codes[o, j // 2])
+            code = byte & 15 if j % 2 == 0 else byte >> 4
+            exact = code * float(tensor.scale[o, j // 32]) + float(tensor.min[o, j // 32])
+            assert got[o, j] == half_by_struct(exact), (o, j)
+
+
+@pytest.mark.parametrize("x_dtype", [np.float32, np.float16])
+def test_mma_kernel_close_to_float64(kernel_device, x_dtype):
+    """Within what rounding x and the weights to half allows (each 2^-11 relative, plus float32
+    sums) of float64 x @ W.T + bias with W the stored float32 weights; and the halves show: some
+    output is further from it than float32 sums alone would put it (2^-17 of the magnitudes)."""
+    rng = np.random.default_rng(11)
+    parts = [int4_part(rng, 96, 512)]
+    bias = rng.standard_normal(96).astype(np.float32)
+    x = rng.standard_normal((9, 512)).astype(x_dtype)
+    got = run_mma(kernel_device, parts, bias, x)
+    packed = pack_linear(parts, bias, np)
+    exact = twin.linear_bulk_reference(x, packed)
+    scale = magnitude(x, parts) + np.abs(bias)
+    error = np.abs(got - exact)
+    assert np.all(error <= 2 ** -10 * scale), (error / scale).max()
+    assert np.any(error > 2 ** -17 * scale)
+
+
+# -- the epilogue, the fallbacks, the counters ----------------------------------------------------
+@pytest.mark.parametrize("fusion", ["residual", "gelu half"])
+def test_mma_epilogue_is_the_shared_one(kernel_device, fusion):
+    """A fused residual or GELU (half out) on the mma path: the bits of the separate operations
+    on its plain result (the rows kernels' epilogue, linear_kinds.cuh), two splits or one."""
+    rng = np.random.default_rng(13)
+    for n_in in (256, 100):
+        parts = [int4_part(rng, 80, n_in)]
+        bias = rng.standard_normal(80).astype(np.float32)
+        x = rng.standard_normal((3, n_in)).astype(np.float32)
+        plain = run_mma(kernel_device, parts, bias, x)
+        if fusion == "residual":
+            residual = rng.standard_normal((3, 80)).astype(np.float32)
+            got = run_mma(kernel_device, parts, bias, x, residual=residual)
+            assert_bits_equal(got, residual + plain)
+        else:
+            from tinyloop.backends.reference.twins.elementwise import gelu_tanh
+            got = run_mma(kernel_device, parts, bias, x, activation="gelu", out_dtype=np.float16)
+            assert np.array_equal(got.view(np.uint16), gelu_tanh(plain).astype(np.float16).view(np.uint16))
+
+
+def test_segments_the_mma_path_does_not_take_stay_on_the_rows_kernels(kernel_device):
+    """A fused output of an eligible int4 part, an act-order int4 part, int8, int4 with float32
+    scales and groups of 16: the first through linear_mma_int4 (its twin's bits), the others
+    with linear_rows_* bits, each in its columns."""
+    rng = np.random.default_rng(17)
+    n_in = 128
+    parts = [int4_part(rng, 40, n_in), weight_part("int4", rng, 24, n_in, act_order=True),
+             weight_part("int8", rng, 16, n_in), weight_part("int4", rng, 8, n_in, scale_dtype=np.float32),
+             int4_part(rng, 8, n_in, group=16)]
+    packed = pack_linear(parts, None, np)
+    assert [launch.mma_eligible(s) for s in packed.segments] == [True, False, False, False, False]
+    x = rng.standard_normal((4, n_in)).astype(np.float32)
+    got = run_mma(kernel_device, parts, None, x)
+    expected = twin.linear_mma(x, packed)
+    rows_bits = twin.linear_rows(x, packed)
+    if not on_gpu(kernel_device):
+        assert_bits_equal(got, expected)
+    assert_bits_equal(got[:, 40:], rows_bits[:, 40:])
+    assert not np.array_equal(expected[:, :40], rows_bits[:, :40])     # the mma part differs from rows
+
+
+def test_counters_are_left_zero_and_a_second_launch_repeats_the_bits(kernel_device):
+    """The last block resets its counter: after a launch of several splits every counter is
+    zero, and the same launch again (a replayed graph) gives the same bits."""
+    rng = np.random.default_rng(19)
+    parts = [int4_part(rng, 130, 640)]
+    x = rng.standard_normal((18, 640)).astype(np.float32)
+    scratch = Scratch(kernel_device)
+    first = run_mma(kernel_device, parts, None, x, scratch=scratch)
+    assert not kernel_device.to_host(scratch.counter_array).any()
+    second = run_mma(kernel_device, parts, None, x, scratch=scratch)
+    assert_bits_equal(second, first)
