@@ -1,5 +1,7 @@
 // KV cache writes and the accepted-path row copy.
 //
+// The key rows may be rotated (RoPE) on the way in: kv_load_row below.
+//
 // kv_write_<mode>: one launch stores a forward's new keys AND values (blockIdx.z picks the
 // side) at physical rows rows[t] of one layer instance, whose block table row `blocks` maps
 // physical row r to pool row blocks[r / 64] * 64 + r % 64, in the layouts of cuda/README.md.
@@ -42,13 +44,32 @@ __device__ void kv_fwht(float* x, int hd) {
 
 // The row this block stores: keys or values of token blockIdx.x, head blockIdx.y,
 // copied to shared xs[hd]. Returns the row's index in the pool's (n_kv, rows) planes.
-__device__ __forceinline__ long long kv_load_row(const float* keys, const float* values, int k_stride,
+// has_rotation (RoPE fused, one launch fewer per layer): a key row is rotated first, pair (a, b)
+// = x[2i], x[2i+1] with (c, d) = rotation[t, 2i], rotation[t, 2i + 1] (the (T, hd/2) complex64
+// table as floats) becoming (a c - b d, a d + b c), elementwise.cu rope_rows' arithmetic, and
+// written back to `keys` (the forward's rotated keys, as rope_rows would have left them).
+__device__ __forceinline__ long long kv_load_row(float* keys, const float* values, int k_stride,
                                                  int v_stride, const int* blocks, const int* rows, int n_kv,
-                                                 int n_rows, int hd, float* xs) {
+                                                 int n_rows, int hd, const float* rotation, int has_rotation,
+                                                 float* xs) {
     int t = blockIdx.x, g = blockIdx.y;
     const float* src = blockIdx.z ? values + (long long)t * v_stride : keys + (long long)t * k_stride;
     src += g * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = src[d];
+    const bool rotate = has_rotation && blockIdx.z == 0;
+    if (rotate) {
+        float* key = keys + (long long)t * k_stride + g * hd;
+        const float* rot = rotation + (long long)t * hd;
+        for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+            float a = key[2 * i], b = key[2 * i + 1], c = rot[2 * i], d = rot[2 * i + 1];
+            float ra = tl_sub(tl_mul(a, c), tl_mul(b, d)), rb = tl_add(tl_mul(a, d), tl_mul(b, c));
+            xs[2 * i] = ra;
+            xs[2 * i + 1] = rb;
+            key[2 * i] = ra;                // each pair read and written by one thread
+            key[2 * i + 1] = rb;
+        }
+    } else {
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = src[d];
+    }
     __syncthreads();
     const int r = rows[t];
     return (long long)g * n_rows + (long long)blocks[r / TL_BLOCK] * TL_BLOCK + r % TL_BLOCK;
@@ -59,26 +80,29 @@ template <> __device__ __forceinline__ float kv_cast<float>(float x) { return x;
 template <> __device__ __forceinline__ __half kv_cast<__half>(float x) { return __float2half_rn(x); }
 
 template <typename T>
-__device__ void kv_write_float(float* kv_smem, const float* keys, const float* values, int k_stride,
+__device__ void kv_write_float(float* kv_smem, float* keys, const float* values, int k_stride,
                                int v_stride, T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv,
-                               int n_rows, int hd) {
-    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, kv_smem);
+                               int n_rows, int hd, const float* rotation, int has_rotation) {
+    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, rotation,
+                                has_rotation, kv_smem);
     T* dst = (blockIdx.z ? value_data : key_data) + row * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_cast<T>(kv_smem[d]);
 }
 
 // BITS 8 or 4, codes packed little-end first; ROTATE: int4-h.
 template <int BITS, bool ROTATE>
-__device__ void kv_write_int(float* kv_smem, const float* keys, const float* values, int k_stride, int v_stride,
+__device__ void kv_write_int(float* kv_smem, float* keys, const float* values, int k_stride, int v_stride,
                              unsigned char* key_codes, __half* key_scale, __half* key_min,
                              unsigned char* value_codes, __half* value_scale, __half* value_min,
-                             const int* blocks, const int* rows, int n_kv, int n_rows, int hd) {
+                             const int* blocks, const int* rows, int n_kv, int n_rows, int hd,
+                             const float* rotation, int has_rotation) {
     const int levels = (1 << BITS) - 1, per_byte = 8 / BITS;
     const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
     float* xs = kv_smem;                   // (hd,) the row, rotated for int4-h
     float* safe_scale = xs + hd;           // (groups,) the stored scale widened, 1 where it is 0
     float* low = safe_scale + groups;      // (groups,) the stored min widened
-    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, xs);
+    long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, rotation,
+                                has_rotation, xs);
     if (ROTATE) kv_fwht(xs, hd);
     bool side = blockIdx.z;
     // per group: min and max (order-free), then f16 scale = half((max - min) / levels), f16 min
@@ -111,14 +135,15 @@ __device__ void kv_write_int(float* kv_smem, const float* keys, const float* val
     }
 }
 
-#define KV_FLOAT_ARGS(T) const float* keys, const float* values, int k_stride, int v_stride, \
-    T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv, int n_rows, int hd
-#define KV_INT_ARGS const float* keys, const float* values, int k_stride, int v_stride, \
+#define KV_FLOAT_ARGS(T) float* keys, const float* values, int k_stride, int v_stride, \
+    T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv, int n_rows, int hd, \
+    const float* rotation, int has_rotation
+#define KV_INT_ARGS float* keys, const float* values, int k_stride, int v_stride, \
     unsigned char* key_codes, __half* key_scale, __half* key_min, \
     unsigned char* value_codes, __half* value_scale, __half* value_min, \
-    const int* blocks, const int* rows, int n_kv, int n_rows, int hd
+    const int* blocks, const int* rows, int n_kv, int n_rows, int hd, const float* rotation, int has_rotation
 #define KV_INT_PASS keys, values, k_stride, v_stride, key_codes, key_scale, key_min, \
-    value_codes, value_scale, value_min, blocks, rows, n_kv, n_rows, hd
+    value_codes, value_scale, value_min, blocks, rows, n_kv, n_rows, hd, rotation, has_rotation
 
 // The dynamic shared array is declared in each kernel, not in the templates: the CPU harness
 // (tests/cudasim) only resolves `extern __shared__` declared outside templates.
@@ -126,11 +151,11 @@ extern __shared__ float kv_smem[];
 
 extern "C" __global__ void kv_write_fp32(KV_FLOAT_ARGS(float)) {
     kv_write_float<float>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
-                          n_rows, hd);
+                          n_rows, hd, rotation, has_rotation);
 }
 extern "C" __global__ void kv_write_fp16(KV_FLOAT_ARGS(__half)) {
     kv_write_float<__half>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
-                           n_rows, hd);
+                           n_rows, hd, rotation, has_rotation);
 }
 extern "C" __global__ void kv_write_int8(KV_INT_ARGS) { kv_write_int<8, false>(kv_smem, KV_INT_PASS); }
 extern "C" __global__ void kv_write_int4(KV_INT_ARGS) { kv_write_int<4, false>(kv_smem, KV_INT_PASS); }

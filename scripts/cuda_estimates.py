@@ -64,11 +64,12 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
         ("embed_rows", 2 * d * 4, 1),
         (norm, 3 * d * 4, 2 * n + 1),
         ("linear_rows qkv", packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"]), n),
-        ("rope_rows", 2 * (q + kv) * 4 + hd // 2 * 8, n),
-        ("kv_write_fp16", 2 * kv * 4 + 2 * kv * 2 + 4, n),
+        # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
+        # queries as it loads them; each reads the rotation row
+        ("kv_write_fp16 (+ RoPE of the keys)", 2 * kv * 4 + 2 * kv * 2 + 4 + kv * 4 + hd * 4, n),
         # 256-key chunks; the last chunk block of each kv head merges (partials written and read)
-        ("attention_fp16 (256-key chunks, merge folded in)", 2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials
-         + q * 4 + 4, n),
+        ("attention_fp16 (+ RoPE of the queries; 256-key chunks, merge folded in)",
+         2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         # GELU is fused into the up projection's epilogue (one launch fewer); SwiGLU pairs two

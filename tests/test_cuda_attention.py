@@ -53,10 +53,11 @@ def on_device(device, kv):
 
 
 def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_end=twin.NO_TREE,
-           tail_rows=None, scale=0.125, scratch=None, fused=True):
+           tail_rows=None, scale=0.125, scratch=None, fused=True, rotation=None, q_out=None):
     """The launcher with q as a column view of a wider array (a token stride that is not H hd).
     fused: pass 1 merges (the counters the backend passes; they must come back zero), else
-    the two launches."""
+    the two launches. rotation: RoPE rows to apply to q inside (q_out, a list, receives q as
+    the launch left it)."""
     n_queries, n_heads, head_dim = q.shape
     wide = np.zeros((n_queries, n_heads * head_dim + 7), F)
     wide[:, 3:3 + n_heads * head_dim] = q.reshape(n_queries, -1)
@@ -69,7 +70,9 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
     launch.attention(device.module("attention"), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
                      window, ring_blocks, device.asarray(np.array([shared_end], np.int32)), tail_dev, tail_len,
                      scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}),
-                     counters=counters)
+                     counters=counters, rotation=None if rotation is None else device.asarray(rotation))
+    if q_out is not None:
+        q_out.append(device.to_host(q_dev))
     if fused:
         assert not device.to_host(counters).any(), "the fused merge left a counter set"
     return device.to_host(out)
@@ -468,3 +471,23 @@ def test_a_device_too_small_for_one_tile_is_a_clear_error():
     assert launch.layout(1, 16, 256, 0, 0, limit=need) == (1, 1)
     assert launch.layout(16, 1, 128, 0, 0, limit=99 * 1024) == (16, 2)      # sm_86/89: doc-407m still 16
     assert launch.layout(16, 1, 256, 0, 0, limit=99 * 1024)[1] == 1          # hd 256 there: one tile
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int4-h"])
+def test_a_fused_rope_gives_the_bits_of_rotated_queries(kernel_device, mode):
+    """Attention with the forward's rotation equals attention over queries rotated first by
+    rope_rows' twin, bit for bit (int4-h: RoPE, then the Hadamard rotation, as unfused); 16
+    queries sharing blocks, several heads per kv head; q itself is left as it was."""
+    from tinyloop.backends.reference.twins.elementwise import rope_rows
+    from test_cuda_kv import rotations
+    rng = np.random.default_rng(43)
+    kv = host_cache(mode, 2, 64, 256, seed=43)
+    q = rng.standard_normal((16, 4, 64)).astype(F)
+    positions = np.arange(200, 216)
+    rotation = rotations(rng, 16, 64)
+    dev = on_device(kernel_device, kv)
+    left = []
+    got = kernel(kernel_device, dev, q, 1, positions, rotation=rotation, q_out=left)
+    want = kernel(kernel_device, dev, rope_rows(q, rotation), 1, positions)
+    assert bits_equal(got, want)
+    assert bits_equal(left[0], q)

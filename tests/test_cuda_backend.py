@@ -168,6 +168,35 @@ def test_greedy_speculation_equals_plain_generation_on_tensor_core_rows(tiny_fil
     assert counts.get("linear_mma_int4", 0) > 0, counts      # (short prefills stay on linear_rows_*)
 
 
+@pytest.mark.parametrize("mode", ["fp16", "int4-h"])
+def test_the_fused_rope_gives_the_unfused_models_bits(tiny_files, mode):
+    """RoPE inside the KV write and attention (fuses_rope, the default) against rope_rows first
+    (the attribute off on one backend): the same logits and stored cache bits for a prefill
+    and three decode steps, and no rope_rows launch when fused."""
+    results = []
+    for fused in (True, False):
+        backend = cuda_backend()
+        backend.fuses_rope = fused
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files["tiny-looped"], backend, kv_mode=mode).model
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2]
+        cache = model.new_cache(len(prompt) + 4, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        token = int(np.argmax(rows[-1][-1]))
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([token], [position], cache, loops)))
+            token = int(np.argmax(rows[-1][-1]))
+        stored = cache.stored(0, len(prompt) + 3)
+        results.append((np.concatenate([r[-1:] for r in rows]), stored, counts.get("rope_rows", 0)))
+    (fused_logits, fused_cache, fused_ropes), (plain_logits, plain_cache, plain_ropes) = results
+    assert np.array_equal(fused_logits.view(np.uint32), plain_logits.view(np.uint32))
+    for name in plain_cache:
+        assert np.array_equal(np.asarray(fused_cache[name]).view(np.uint8), np.asarray(plain_cache[name]).view(np.uint8))
+    assert fused_ropes == 0 and plain_ropes > 0
+
+
 @pytest.mark.exactness
 def test_tree_verify_equals_sequential_decode_on_tensor_core_rows(tiny_files):
     """A random draft tree verified in one forward through linear_mma_int4: every node's logits

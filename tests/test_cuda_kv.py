@@ -202,3 +202,45 @@ def test_the_table_on_the_device_follows_the_host_table(kernel_device):
                     kernel_device.asarray(x), kernel_device.asarray(-x))
     keys = kernel_device.to_host(kv.keys["data"])
     assert np.array_equal(keys[0, kv.table[0, 1] * 64 + 6], x[0, 0])
+
+
+def rotations(rng, n_tokens, head_dim):
+    """RoPE rows as the model's table holds them: (T, hd/2) complex64 on the unit circle."""
+    angles = rng.uniform(-np.pi, np.pi, (n_tokens, head_dim // 2))
+    return (np.cos(angles) + 1j * np.sin(angles)).astype(np.complex64)
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int4", "int4-h"])
+def test_a_fused_rope_gives_the_bits_of_rope_rows_then_the_write(kernel_device, mode):
+    """kv_write with the forward's rotation: the stored keys and values, and the keys left in
+    the fused array, are those of rope_rows' twin applied first and a plain write (the model's
+    order without the fusion); values and queries' columns untouched."""
+    from tinyloop.backends.reference.twins.elementwise import rope_rows
+    rng = np.random.default_rng(41)
+    n_kv, head_dim, n_tokens = 2, 64, 9
+    fused, k_cols, v_cols = fused_keys_values(rng, n_tokens, n_kv, head_dim)
+    rotation = rotations(rng, n_tokens, head_dim)
+    rows = rng.permutation(128)[:n_tokens]
+    rotated = fused.copy()
+    rotated[:, k_cols] = rope_rows(fused[:, k_cols].reshape(n_tokens, n_kv, head_dim), rotation).reshape(n_tokens, -1)
+    plain = device_kv(kernel_device, mode, 2, n_kv, 128, head_dim)
+    write(kernel_device, plain, 1, rows, rotated, k_cols, v_cols)
+
+    fusing = device_kv(kernel_device, mode, 2, n_kv, 128, head_dim)
+    on_device = kernel_device.asarray(fused)
+    keys = on_device[:, k_cols].reshape(n_tokens, n_kv, head_dim)
+    values = on_device[:, v_cols].reshape(n_tokens, n_kv, head_dim)
+    launch.kv_write(kernel_device.module("kv"), fusing, 1, kernel_device.asarray(np.asarray(rows, np.int32)),
+                    keys, values, kernel_device.asarray(rotation))
+    for got, want in zip(host_sides(kernel_device, fusing), host_sides(kernel_device, plain)):
+        for name in want:
+            assert np.array_equal(got[name].view(np.uint8), want[name].view(np.uint8)), name
+    assert np.array_equal(kernel_device.to_host(on_device).view(np.uint32), rotated.view(np.uint32))
+
+
+def test_a_rotation_of_the_wrong_shape_is_refused(kernel_device):
+    kv = device_kv(kernel_device, "fp16", 1, 2, 64, 16)
+    keys = kernel_device.zeros((3, 2, 16), F)
+    with pytest.raises(ValueError, match="rotation must be contiguous"):
+        launch.kv_write(kernel_device.module("kv"), kv, 0, kernel_device.asarray(np.arange(3, dtype=np.int32)),
+                        keys, keys, kernel_device.asarray(np.zeros((3, 16), np.complex64)))

@@ -47,6 +47,9 @@ class Backend(abc.ABC):
     # other requests' rows (model/batch.py), and a row computed in any prefill chunk, or in a
     # decode step, is the same row (what chunked prefill and the prefix cache rely on).
     bulk_is_exact: bool = False
+    # RoPE inside kv_write and attention (rope=True; the CUDA backend: one launch fewer a layer);
+    # else the model calls rope() on q and k first
+    fuses_rope: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -161,27 +164,36 @@ class Backend(abc.ABC):
         """Bytes one token's keys and values together take in this backend's storage."""
 
     @abc.abstractmethod
-    def kv_write(self, storage, slot: int, plan, keys, values) -> None:
-        """keys, values: (T, n_kv, hd), RoPE applied: quantize and store them at plan.write_rows."""
+    def kv_write(self, storage, slot: int, plan, keys, values, rope: bool = False) -> None:
+        """keys, values: (T, n_kv, hd): quantize and store them at plan.write_rows. RoPE applied
+        already, or (rope=True, backends with fuses_rope) applied here from plan.rotation, the
+        keys left rotated in place as rope() would leave them."""
 
     @abc.abstractmethod
-    def attention(self, q, storage, slot: int, plan, scale: float):
-        """q: (T, H, hd) -> (T, H, hd), reading the storage directly as the plan says."""
+    def attention(self, q, storage, slot: int, plan, scale: float, rope: bool = False):
+        """q: (T, H, hd) -> (T, H, hd), reading the storage directly as the plan says. rope=True
+        (backends with fuses_rope): q is rotated by plan.rotation first (q itself unchanged)."""
 
-    def kv_write_parts(self, keys, values, parts: list, holder: dict) -> None:
+    def kv_write_parts(self, keys, values, parts: list, holder: dict, rope: bool = False) -> None:
         """kv_write for several caches' rows of one layer call: parts [(start, stop, storage, slot,
         plan)] own rows [start, stop) of keys and values (T, n_kv, hd). holder: a dict the
         forward's layers share (what a backend works out once). By default one call per part."""
         for start, stop, storage, slot, plan in parts:
-            self.kv_write(storage, slot, plan, keys[start:stop], values[start:stop])
+            self.kv_write(storage, slot, plan, keys[start:stop], values[start:stop], rope)
 
-    def attention_parts(self, q, parts: list, scale: float, holder: dict):
+    def attention_parts(self, q, parts: list, scale: float, holder: dict, rope: bool = False):
         """attention for several caches' queries of one layer call (parts as kv_write_parts'):
         -> (T, H, hd), each query's bits those of attention() over its own cache alone. By
         default one call per part."""
-        outputs = [self.attention(q[start:stop], storage, slot, plan, scale) for start, stop, storage, slot, plan
-                   in parts]
+        outputs = [self.attention(q[start:stop], storage, slot, plan, scale, rope)
+                   for start, stop, storage, slot, plan in parts]
         return outputs[0] if len(outputs) == 1 else self.xp.concatenate(outputs)
+
+    @staticmethod
+    def _refuse_fused_rope(rope: bool) -> None:
+        if rope:
+            raise ValueError("this backend does not fuse RoPE into the KV write and attention "
+                             "(fuses_rope is False): rotate with rope() first")
 
     @abc.abstractmethod
     def kv_copy_rows(self, storage, source: np.ndarray, target: np.ndarray) -> None:

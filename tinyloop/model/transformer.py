@@ -122,19 +122,22 @@ class LoopedTransformer:
             capture("qkv", x)
         qkv = self.linear_rows(x, weights.qkv, rows)                        # (T, q_dim + 2 kv_dim)
         qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
-        if rows.rotation is not None:
-            qk = b.rope(qk, rows)                                          # queries and keys in one go
+        # RoPE: inside the KV write (keys) and attention (queries) where the backend fuses it,
+        # else queries and keys in one go first; either way the KV write leaves k rotated
+        fused_rope = rows.rotation is not None and b.fuses_rope
+        if rows.rotation is not None and not fused_rope:
+            qk = b.rope(qk, rows)
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         if len(rows.parts) == 1:                                           # one cache: the plain calls
             (_, _, part), slot = rows.parts[0], slots[0]
-            b.kv_write(part.cache.storage, slot, part.plan, k, v)
-            attn = b.attention(q, part.cache.storage, slot, part.plan, self.scale)
+            b.kv_write(part.cache.storage, slot, part.plan, k, v, fused_rope)
+            attn = b.attention(q, part.cache.storage, slot, part.plan, self.scale, fused_rope)
         else:                                                              # each part on its own cache
             parts = [(start, stop, part.cache.storage, slot, part.plan)
                      for (start, stop, part), slot in zip(rows.parts, slots)]
-            b.kv_write_parts(k, v, parts, rows.prepared)
-            attn = b.attention_parts(q, parts, self.scale, rows.prepared)
+            b.kv_write_parts(k, v, parts, rows.prepared, fused_rope)
+            attn = b.attention_parts(q, parts, self.scale, rows.prepared, fused_rope)
         for start, stop, part in rows.parts:
             if part.kept is not None:
                 part.kept.append((k[start:stop], v[start:stop]))

@@ -107,19 +107,23 @@ class CpuBackend(NumpyBackend):
     def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
         return bytes_per_row(mode, n_kv, head_dim)
 
-    def kv_write(self, storage: KVStorage, slot, plan, keys, values):
+    def kv_write(self, storage: KVStorage, slot, plan, keys, values, rope=False):
+        self._refuse_fused_rope(rope)
         kv_write(storage, slot, plan.write_rows, keys, values, plan.prepared)
 
-    def attention(self, q, storage: KVStorage, slot, plan, scale):
+    def attention(self, q, storage: KVStorage, slot, plan, scale, rope=False):
+        self._refuse_fused_rope(rope)
         return attend_plan(q, storage, slot, plan, scale)
 
-    def kv_write_parts(self, keys, values, parts, holder):
+    def kv_write_parts(self, keys, values, parts, holder, rope=False):
+        self._refuse_fused_rope(rope)
         if not _one_pool(parts):                        # caches of pools of their own (tests, tools)
             return super().kv_write_parts(keys, values, parts, holder)
         kv_write_many(keys, values, [(start, stop, storage, slot, plan.write_rows)
                                      for start, stop, storage, slot, plan in parts], holder)
 
-    def attention_parts(self, q, parts, scale, holder):
+    def attention_parts(self, q, parts, scale, holder, rope=False):
+        self._refuse_fused_rope(rope)
         if not _one_pool(parts):
             return super().attention_parts(q, parts, scale, holder)
         return attend_parts(q, [(storage, slot, plan) for _, _, storage, slot, plan in parts], scale, holder)

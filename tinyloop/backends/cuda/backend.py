@@ -68,6 +68,7 @@ class DevicePlan:
 
 class CudaBackend(Backend):
     name = "cuda"
+    fuses_rope = True        # kv_write rotates the keys, attention the queries: no rope_rows launch
     # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
     # compute idle (it is bound by reading the weights), so rows of other requests ride along
     # nearly free. Not yet measured on a GPU (README, "On a GPU").
@@ -284,10 +285,11 @@ class CudaBackend(Backend):
         """The packed layout; needs no device, so `tinyloop info --device cuda` sizes without a GPU."""
         return packed_bytes_per_row(mode, n_kv, head_dim)
 
-    def kv_write(self, storage: DeviceView, slot, plan, keys, values):
-        kv.kv_write(self._module("kv"), storage, slot, self.device_plan(plan).write_rows, keys, values)
+    def kv_write(self, storage: DeviceView, slot, plan, keys, values, rope=False):
+        kv.kv_write(self._module("kv"), storage, slot, self.device_plan(plan).write_rows, keys, values,
+                    plan.rotation if rope else None)
 
-    def attention(self, q, storage: DeviceView, slot, plan, scale):
+    def attention(self, q, storage: DeviceView, slot, plan, scale, rope=False):
         d = self.device_plan(plan)
         out = self._empty(q.shape)
         scratch = counters = None            # a prefill's partials: the launcher sizes them, two launches
@@ -297,7 +299,8 @@ class CudaBackend(Backend):
             counters = self._counters(q.shape[0] * storage.n_kv, storage.n_kv)
         return attention_launch.attention(self._module("attention"), storage, q, slot, d.positions, d.window,
                                           d.ring_blocks, d.shared_end_dev, d.tail_rows, d.tail_len, scale, out,
-                                          scratch=scratch, chunks=chunks, counters=counters)
+                                          scratch=scratch, chunks=chunks, counters=counters,
+                                          rotation=plan.rotation if rope else None)
 
     def _counters(self, n: int, n_kv: int):
         """The fused merge's counters (uint32 zeros, which every launch leaves zero): one buffer of

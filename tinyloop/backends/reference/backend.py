@@ -113,14 +113,16 @@ class NumpyBackend(Backend):
     def kv_bytes_per_row(self, mode, n_kv, head_dim) -> int:
         return bytes_per_row(mode, n_kv, head_dim)
 
-    def kv_write(self, storage: KVStorage, slot, plan, keys, values):
+    def kv_write(self, storage: KVStorage, slot, plan, keys, values, rope=False):
+        self._refuse_fused_rope(rope)
         if storage.rotation is not None:
             keys, values = _rotate(keys, storage.rotation), _rotate(values, storage.rotation)
         rows = storage.pool_rows(slot, plan.write_rows)
         storage.key_store.store(storage.keys, rows, keys)
         storage.value_store.store(storage.values, rows, values)
 
-    def attention(self, q, storage: KVStorage, slot, plan, scale):
+    def attention(self, q, storage: KVStorage, slot, plan, scale, rope=False):
+        self._refuse_fused_rope(rope)
         sides = ((storage.key_store, storage.keys), (storage.value_store, storage.values))
         if storage.rotation is not None:
             q = _rotate(q, storage.rotation)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cuda.launch.kv import DeviceView
+from tinyloop.backends.cuda.launch.kv import DeviceView, check_rotation
 from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
@@ -158,7 +158,7 @@ def _array_module(out):
 
 def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, ring_blocks: int,
               shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None,
-              counters=None):
+              counters=None, rotation=None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
     shared_end_dev (1,) int32 on the device: first block read through tail_rows_dev (T, tail_len)
@@ -178,6 +178,9 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     counters: a uint32 device array of at least n x n_kv zeros (the scratch's n), left zero by
     every launch: pass 1 merges too (the last chunk block of each query and kv head merges), so
     one launch per n queries. None: the two launches.
+    rotation: None (q already rotated), or the forward's RoPE rows (T, hd/2) complex64: each
+    query is rotated as it is loaded (rope_rows' bits; q itself is left as it was).
+
     Row-invariant: how the queries are grouped, or which launch merges, changes no bit of any one
     of them."""
     n_queries, n_heads, head_dim = q.shape
@@ -195,6 +198,7 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
                      or not tail_rows_dev.flags.c_contiguous):
         raise ValueError(f"attention: tail_rows must be contiguous ({n_queries}, {tail_len}) int32, got "
                          f"{tail_rows_dev.shape} {tail_rows_dev.dtype}")
+    check_rotation(rotation, n_queries, head_dim)
     if ring_blocks and ring_blocks * ATTENTION_BLOCK > kv.rows:
         raise ValueError(f"attention: a ring of {ring_blocks} blocks in {kv.rows} rows")
     if has_tail and (shared_end_dev is None or shared_end_dev.shape != (1,) or shared_end_dev.dtype != np.int32):
@@ -245,7 +249,8 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
                   scratch, np.int32(chunks), np.int32(vector),
                   scratch if counters is None else counters,             # not read without a merge
                   np.int32(counters is not None), out[start:stop], np.int32(stop - start), np.int32(qb),
-                  np.int32(tiles)),
+                  np.int32(tiles), positions if rotation is None else rotation[start:stop],
+                  np.int32(rotation is not None)),
                  shared_mem=shared)
         if counters is not None:
             continue

@@ -125,14 +125,17 @@ def _token_stride(x, n_kv: int, head_dim: int) -> int:
     return x.strides[0] // 4
 
 
-def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values) -> None:
-    """keys, values: (T, n_kv, hd) float32 (RoPE applied) -> quantized and stored at physical
-    rows rows_dev (T,) int32 of `slot` (through its block table row), both sides in one launch:
-    grid (T, n_kv, 2)."""
+def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation=None) -> None:
+    """keys, values: (T, n_kv, hd) float32 -> quantized and stored at physical rows rows_dev (T,)
+    int32 of `slot` (through its block table row), both sides in one launch: grid (T, n_kv, 2).
+    rotation: None (keys already rotated), or the forward's RoPE rows (T, hd/2) complex64: the
+    keys are rotated as they are stored, and left rotated in `keys` (rope_rows' bits: the
+    launch that RoPE fusion saves)."""
     n_tokens = keys.shape[0]
     if values.shape[0] != n_tokens or rows_dev.shape != (n_tokens,) or rows_dev.dtype != np.int32:
         raise ValueError(f"kv_write: {n_tokens} keys, {values.shape[0]} values, rows {rows_dev.shape} "
                          f"{rows_dev.dtype} (expected int32)")
+    check_rotation(rotation, n_tokens, kv.head_dim)
     blocks = kv.blocks(slot)
     if not n_tokens:
         return
@@ -144,8 +147,19 @@ def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values) -> None:
     module.get_function(KERNELS[kv.mode])(
         (n_tokens, kv.n_kv, 2), (KV_THREADS,),
         (keys, values, np.int32(k_stride), np.int32(v_stride), *kv.keys.values(), *kv.values.values(),
-         blocks, rows_dev, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim)),
+         blocks, rows_dev, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim),
+         rows_dev if rotation is None else rotation, np.int32(rotation is not None)),
         shared_mem=shared)
+
+
+def check_rotation(rotation, n_tokens: int, head_dim: int) -> None:
+    """A fused RoPE's rows: (T, hd/2) complex64, contiguous (read as (T, hd) float pairs)."""
+    if rotation is None:
+        return
+    if rotation.dtype != np.complex64 or rotation.shape != (n_tokens, head_dim // 2) \
+            or not rotation.flags.c_contiguous:
+        raise ValueError(f"rotation must be contiguous ({n_tokens}, {head_dim // 2}) complex64, got "
+                         f"{rotation.dtype} {rotation.shape}")
 
 
 def copy_rows(module, arrays, source_dev, target_dev, scratch) -> None:
