@@ -81,13 +81,15 @@ def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group):
 
 
 def test_the_splits_are_a_function_of_the_weight_alone():
-    """The splits of the model shapes: one where the column blocks reach ~132 (no partials, no
-    reduction), else enough to make up the difference, never more than one per chunk; the twin
-    uses the launcher's choice."""
+    """The splits of the model shapes: one where the column blocks reach MMA_TARGET_BLOCKS (no
+    partials, no reduction), else enough to make up the difference, never more than one per
+    chunk; the twin uses the launcher's choice."""
+    assert launch.MMA_TARGET_BLOCKS == 32
     assert launch.mma_split_k(2048, 50257) == 2048        # the head: 786 column blocks, one split
-    assert launch.mma_split_k(2048, 6144) == 1024         # doc-407m qkv: 96 column blocks, 2 splits
-    assert launch.mma_split_k(8192, 2048) == 1664         # down: 32 column blocks, 5 splits of 13 chunks
-    assert launch.mma_split_k(576, 960) == 128            # SmolLM2 qkv: 15 column blocks, a split a chunk
+    assert launch.mma_split_k(2048, 6144) == 2048         # doc-407m qkv: 96 column blocks
+    assert launch.mma_split_k(8192, 2048) == 8192         # down: 32 column blocks, 16 batches a warp
+    assert launch.mma_split_k(576, 960) == 256            # SmolLM2 qkv: 15 column blocks, 3 splits
+    assert launch.mma_split_k(576, 576) == 256            # SmolLM2 out: 9 column blocks, 3 splits of 2 chunks
     assert launch.mma_split_k(128, 64) == 128
 
 

@@ -41,7 +41,9 @@ MMA_BLOCK_COLS = 64            # output columns per block (MMA_BLOCK_COLS)
 MMA_TILE_ROWS = 16             # rows per tile: the mma's m
 MMA_CHUNK = 128                # stored columns per chunk (MMA_CHUNK)
 MMA_MAX_CHUNKS = 4             # chunks per batch (MMA_MAX_CHUNKS)
-MMA_TARGET_BLOCKS = 132       # column blocks x splits to reach: about one block per H200 SM
+MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split k (the paper
+                               # model's best for both model shapes, scripts/cuda_estimates.py: a
+                               # split's reduction costs two round trips, fewer warps less in flight)
 
 
 @dataclass
