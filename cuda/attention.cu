@@ -46,6 +46,7 @@
 #include "attention_load.cuh"
 
 #define ATT_NEG_INF (-tl_inf())
+#define ATT_MERGE_BATCH 8    // chunks whose partials the merge loads at once
 #define ATT_CHUNK_BLOCKS 4   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
 
 // The query's first and last logical 64-key block (README geometry).
@@ -135,16 +136,30 @@ __device__ void att_merge(const float* partials, int t, int g, int n_kv, int hd,
             os[e] = __int_as_float(0x7fc00000);
             continue;
         }
-        for (int c = 0; c < n_chunks; ++c) {
-            const float* p = base + (long long)c * part;
-            const float mc = att_load_shared_result(p + G * hd + G + h);
-            if (mc == ATT_NEG_INF) continue;                       // an empty chunk
-            const float m_new = fmaxf(m, mc);
-            const float corr_old = tl_exp(tl_sub(m, m_new));       // first chunk: exp(-inf) = 0
-            const float corr_new = tl_exp(tl_sub(mc, m_new));
-            a = tl_add(tl_mul(a, corr_old), tl_mul(att_load_shared_result(p + e), corr_new));
-            l = tl_add(tl_mul(l, corr_old), tl_mul(att_load_shared_result(p + G * hd + h), corr_new));
-            m = m_new;
+        // ATT_MERGE_BATCH chunks' three values are loaded before any is used (one round trip a
+        // batch, not two a chunk: the merge is the tail of the launch), then merged in order
+        for (int c0 = 0; c0 < n_chunks; c0 += ATT_MERGE_BATCH) {     // sass: attention-merge
+            float mcs[ATT_MERGE_BATCH], acs[ATT_MERGE_BATCH], lcs[ATT_MERGE_BATCH];
+#pragma unroll
+            for (int j = 0; j < ATT_MERGE_BATCH; ++j) {
+                if (c0 + j >= n_chunks) break;
+                const float* p = base + (long long)(c0 + j) * part;
+                mcs[j] = att_load_shared_result(p + G * hd + G + h);
+                acs[j] = att_load_shared_result(p + e);
+                lcs[j] = att_load_shared_result(p + G * hd + h);
+            }
+#pragma unroll
+            for (int j = 0; j < ATT_MERGE_BATCH; ++j) {
+                if (c0 + j >= n_chunks) break;
+                const float mc = mcs[j];
+                if (mc == ATT_NEG_INF) continue;                   // an empty chunk
+                const float m_new = fmaxf(m, mc);
+                const float corr_old = tl_exp(tl_sub(m, m_new));   // first chunk: exp(-inf) = 0
+                const float corr_new = tl_exp(tl_sub(mc, m_new));
+                a = tl_add(tl_mul(a, corr_old), tl_mul(acs[j], corr_new));
+                l = tl_add(tl_mul(l, corr_old), tl_mul(lcs[j], corr_new));
+                m = m_new;
+            }
         }
         os[e] = tl_div(a, l);
     }

@@ -119,6 +119,7 @@ SMS = 132
 SM_CLOCK_HZ = 1.98e9
 ISSUE_PER_SM = 4                       # warp instructions per cycle: 4 schedulers
 LATENCY_S = 600e-9                     # one dependent round trip to HBM3 under load
+L2_LATENCY_S = 300e-9                  # one that hits L2 (partials a launch just wrote)
 LAUNCH_GAP_S = 1.0e-6                  # per kernel inside a CUDA graph
 BW_SM = HBM / SMS
 
@@ -173,7 +174,7 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict
     two batches in flight, chunks x 2 x (16 + 2 + 2) bytes a lane in all. Its instructions are
     the batch loop's body in cuda/SASS.md (one batch of 4 chunks with one pass of the staging
     loop), scaled to the split's chunks, and one staging pass per chunk. With several splits the partials are written and read back and the last
-    block's reduction adds two round trips (the counter's, the partials')."""
+    block's reduction adds its tail: the counter's round trip, then one per split (from L2)."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get("linear_mma_int4", {}).get("loops", [])
     # the batch loop's body (the next batch's loads, a staging pass, the products); before the
@@ -194,14 +195,27 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict
     warps = -(-n_out // linear_launch.MMA_BLOCK_COLS) * splits * tiles * (linear_launch.MMA_THREADS // 32)
     detail = expected_fraction(loop, resident_warps("linear_mma_int4", linear_launch.MMA_THREADS), warps)
     partials = 2 * splits * rows * n_out * 4 if splits > 1 else 0
+    # the last block: its counter's atomic, then a split's partial a round trip (L2)
     return {"partials": partials, "detail": {**detail, "splits": splits}, "fraction": detail["fraction"],
-            "extra_s": 2 * LATENCY_S if splits > 1 else 0.0}
+            "extra_s": LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0}
 
 
 def queries_share_blocks() -> bool:
     """Whether a pass-1 block serves several queries (attention.cu's att_block_step: a verify's
     queries read each block of keys and values once)."""
     return "att_block_step" in (ROOT / "cuda" / "attention.cu").read_text()
+
+
+def merge_tail_s(n_chunks: int, sass: dict | None = None) -> float:
+    """The fused merge at the end of an attention launch: the last chunk block's counter (a
+    round trip), then its merge loop over the query's chunks, ATT_MERGE_BATCH chunks an
+    iteration at that loop's rounds (cuda/SASS.md "attention-merge"), from L2."""
+    kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
+    merge = [l for l in kernels.get("attention_fp16", {}).get("loops", []) if "attention-merge" in l["tags"]]
+    m = re.search(r"#define ATT_MERGE_BATCH (\d+)", (ROOT / "cuda" / "attention.cu").read_text())
+    batch = int(m.group(1)) if m else 1
+    rounds = min(l["rounds"] for l in merge) if merge else 2
+    return LATENCY_S + -(-n_chunks // batch) * rounds * L2_LATENCY_S
 
 
 def pipelined_rows() -> int:
@@ -283,6 +297,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             issue_s = sums / (ISSUE_PER_SM * SM_CLOCK_HZ * min(SMS, blocks_launched))
             if detail and issue_s > nbytes / (HBM * detail["fraction"]):
                 detail = {**detail, "fraction": nbytes / (HBM * issue_s), "bound": "sums"}
+            extra_s = merge_tail_s(CONTEXT // 256, sass)
         elif name != "linear_rows head" and name != "argmax_rows":
             nbytes *= rows                                            # per-row activations
         if detail:

@@ -97,6 +97,21 @@ def test_the_model_reads_the_kernels_hot_loops():
     assert cuda_estimates.pipelined_rows() >= 1
 
 
+def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
+    """The fused merge's tail: the counter's round trip, then one L2 round trip per batch of
+    ATT_MERGE_BATCH chunks at the tagged loop's rounds (worked by hand: 16 chunks, batches of
+    8, 1 round each -> 600 + 2 x 300 ns); the committed SASS has that loop at one round, and
+    linear_mma_int4's batch loop with its 16-byte weight loads."""
+    fake = {"kernels": {"attention_fp16": {"loops": [{"tags": ["attention-merge"], "rounds": 1}]}}}
+    assert abs(cuda_estimates.merge_tail_s(16, fake) - 1.2e-6) < 1e-12
+    assert abs(cuda_estimates.merge_tail_s(8, fake) - 0.9e-6) < 1e-12
+    saved = cuda_estimates.sass_loops.read_saved()["kernels"]
+    assert min(l["rounds"] for l in saved["attention_fp16"]["loops"] if "attention-merge" in l["tags"]) == 1
+    batch = [l for l in saved["linear_mma_int4"]["loops"] if "linear-mma-weights" in l["tags"]]
+    assert batch and all(l["widths"].get("16", 0) >= 8 for l in batch)
+    assert cuda_estimates.mma_call(2048, 6144, 16)["detail"]["splits"] == 1
+
+
 def test_bench_gpu_sums_each_kernels_time_between_events():
     """scripts/bench_gpu.py's per-kernel table: launch i's time is the gap between the event
     before it and the one after; rows group by kernel and grid, largest first."""
