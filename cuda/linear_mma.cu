@@ -113,6 +113,7 @@ __device__ __forceinline__ void mma_load_batch(const LinearArgs& a, int kb, int 
             const int col = kb + ch * MMA_CHUNK + 32 * c;            // the lane's first stored column
             if (ch < chunks && o < a.n_out && col < stored_cols) {
                 b.words[ch][j] = *reinterpret_cast<const TlWords4*>(a.weights + (long long)o * a.words_per_row + col / 8);   // sass: linear-mma-weights
+                // (the clamp is defensive: the stored width, a multiple of 32, stays in the groups)
                 const int group = min(lane_group + ch * groups_per_chunk, a.groups - 1);
                 b.scale[ch][j] = static_cast<const __half*>(a.scale)[(long long)o * a.groups + group];
                 b.minimum[ch][j] = static_cast<const __half*>(a.mins)[(long long)o * a.groups + group];

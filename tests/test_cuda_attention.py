@@ -473,11 +473,14 @@ def test_a_device_too_small_for_one_tile_is_a_clear_error():
     assert launch.layout(16, 1, 256, 0, 0, limit=99 * 1024)[1] == 1          # hd 256 there: one tile
 
 
-@pytest.mark.parametrize("mode", ["fp16", "int4-h"])
-def test_a_fused_rope_gives_the_bits_of_rotated_queries(kernel_device, mode):
+@pytest.mark.parametrize("mode,batch,fused", [("fp16", None, True), ("int4-h", None, True), ("fp16", 5, True),
+                                              ("fp16", 5, False)])
+def test_a_fused_rope_gives_the_bits_of_rotated_queries(kernel_device, mode, batch, fused):
     """Attention with the forward's rotation equals attention over queries rotated first by
     rope_rows' twin, bit for bit (int4-h: RoPE, then the Hadamard rotation, as unfused); 16
-    queries sharing blocks, several heads per kv head; q itself is left as it was."""
+    queries sharing blocks, several heads per kv head; q itself is left as it was. batch 5:
+    scratch for 5 queries, so four launches, each with its slice of the rotation (merged in
+    pass 1, or by the merge kernel)."""
     from tinyloop.backends.reference.twins.elementwise import rope_rows
     from test_cuda_kv import rotations
     rng = np.random.default_rng(43)
@@ -487,7 +490,9 @@ def test_a_fused_rope_gives_the_bits_of_rotated_queries(kernel_device, mode):
     rotation = rotations(rng, 16, 64)
     dev = on_device(kernel_device, kv)
     left = []
-    got = kernel(kernel_device, dev, q, 1, positions, rotation=rotation, q_out=left)
+    scratch = None if batch is None else kernel_device.empty(
+        batch * launch.partial_floats(4, 64, launch.max_chunks(dev.rows, 0, 0)), np.float32)
+    got = kernel(kernel_device, dev, q, 1, positions, rotation=rotation, q_out=left, scratch=scratch, fused=fused)
     want = kernel(kernel_device, dev, rope_rows(q, rotation), 1, positions)
     assert bits_equal(got, want)
     assert bits_equal(left[0], q)

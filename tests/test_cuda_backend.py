@@ -197,6 +197,39 @@ def test_the_fused_rope_gives_the_unfused_models_bits(tiny_files, mode):
     assert fused_ropes == 0 and plain_ropes > 0
 
 
+def test_the_fused_rope_in_a_batched_mix_gives_the_unfused_bits(tiny_files, monkeypatch):
+    """Several requests stepped together (each part through kv_write_parts / attention_parts
+    with rope=True, counted) and adaptive depth (its skipped iterations' slots re-written from
+    the kept, rotated keys): every request's tokens the same fused and unfused, and batched as
+    alone."""
+    from test_batching import outcome, run_mix
+    from tinyloop.backends.base import Backend
+    fused_parts = []
+    original = Backend.kv_write_parts
+
+    def counting(self, keys, values, parts, holder, rope=False):
+        if rope and len(parts) > 1:
+            fused_parts.append(len(parts))
+        return original(self, keys, values, parts, holder, rope)
+    monkeypatch.setattr(Backend, "kv_write_parts", counting)
+    results = {}
+    for fused in (True, False):
+        backend = cuda_backend()
+        backend.fuses_rope = fused
+        model = load_model(tiny_files["tiny-looped"], backend).model
+        rng = np.random.default_rng(3)
+        requests = [GenerationRequest([int(t) for t in rng.integers(3, 200, 7)], max_tokens=4, loops="auto",
+                                      exit_threshold=threshold, ignore_eos=True) for threshold in (1.0, 0.05)]
+        requests.append(GenerationRequest([int(t) for t in rng.integers(3, 200, 9)], max_tokens=4, loops=3,
+                                          ignore_eos=True))
+        alone = [outcome(generate(model, r, prefill_chunk=32)) for r in requests]
+        together = run_mix(model, requests, None, np.random.default_rng(1), [0, 0, 1], 32)
+        assert together == alone
+        results[fused] = together
+    assert results[True] == results[False]
+    assert fused_parts, "no batched step took the fused path"
+
+
 @pytest.mark.exactness
 def test_tree_verify_equals_sequential_decode_on_tensor_core_rows(tiny_files):
     """A random draft tree verified in one forward through linear_mma_int4: every node's logits

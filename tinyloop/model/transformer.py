@@ -124,8 +124,9 @@ class LoopedTransformer:
         qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
         # RoPE: inside the KV write (keys) and attention (queries) where the backend fuses it,
         # else queries and keys in one go first; either way the KV write leaves k rotated
-        fused_rope = rows.rotation is not None and b.fuses_rope
-        if rows.rotation is not None and not fused_rope:
+        has_rope = rows.parts[0][2].plan.rotation is not None              # (rows.rotation would stack them)
+        fused_rope = has_rope and b.fuses_rope
+        if has_rope and not fused_rope:
             qk = b.rope(qk, rows)
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
