@@ -107,15 +107,6 @@ template <> struct AttTree<1> {
     template <typename F> __device__ static __forceinline__ float sum(const F& f, int base) { return f(base); }
 };
 
-// A load that skips the SM's L1: the fused merge reads partials other blocks (other SMs) wrote
-// during this launch. The harness has one memory: a plain load.
-__device__ __forceinline__ float att_load_shared_result(const float* p) {
-#ifdef __CUDA_ARCH__
-    return __ldcg(p);
-#else
-    return *p;
-#endif
-}
 
 // The merge of query t's chunk partials for kv head g (pass 1's layout) in increasing chunk
 // order, the division, and (rotate = 1: int4-h) the rotation back, into out; os: G hd floats of
@@ -144,9 +135,9 @@ __device__ void att_merge(const float* partials, int t, int g, int n_kv, int hd,
             for (int j = 0; j < ATT_MERGE_BATCH; ++j) {
                 if (c0 + j >= n_chunks) break;
                 const float* p = base + (long long)(c0 + j) * part;
-                mcs[j] = att_load_shared_result(p + G * hd + G + h);
-                acs[j] = att_load_shared_result(p + e);
-                lcs[j] = att_load_shared_result(p + G * hd + h);
+                mcs[j] = tl_load_from_other_blocks(p + G * hd + G + h);
+                acs[j] = tl_load_from_other_blocks(p + e);
+                lcs[j] = tl_load_from_other_blocks(p + G * hd + h);
             }
 #pragma unroll
             for (int j = 0; j < ATT_MERGE_BATCH; ++j) {

@@ -33,6 +33,17 @@ __device__ __forceinline__ void tl_store(void* out, long long i, float v, int ou
 
 __device__ __forceinline__ float tl_inf() { return __int_as_float(0x7f800000); }
 
+// A load that skips the SM's L1: what other blocks (other SMs) wrote during this launch, read by
+// the block a counter elected (attention's fused merge, linear_mma's split reduction). The
+// harness has one memory: a plain load.
+__device__ __forceinline__ float tl_load_from_other_blocks(const float* p) {
+#ifdef __CUDA_ARCH__
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
 // exp(x) from +, *, rint and exact power-of-two scaling only, so the harness, the twin
 // (twins/arith.py: exp_f32) and the GPU agree bit for bit (expf differs per platform in
 // the last ulp). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7

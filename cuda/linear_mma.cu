@@ -82,15 +82,6 @@ __device__ __forceinline__ unsigned int mma_pack_rn(float low, float high) {
 // Staged position p (0..7) of a group of 8 holds stored column (0, 4, 1, 5, 2, 6, 3, 7)[p] of the group.
 __device__ __forceinline__ int mma_stored_offset(int p) { return ((p & 1) << 2) | (p >> 1); }
 
-// A load that skips the SM's L1: the last block reads partials other blocks (other SMs) wrote
-// during this launch. The harness has one memory: a plain load.
-__device__ __forceinline__ float mma_load_shared_result(const float* p) {
-#ifdef __CUDA_ARCH__
-    return __ldcg(p);
-#else
-    return *p;
-#endif
-}
 
 // A lane's weights for one batch (up to MMA_MAX_CHUNKS chunks from stored column kb): per chunk
 // and n8 tile one 16-byte line of codes (stored columns kb + 128 ch + 32 c ..) and its group's
@@ -190,7 +181,7 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
                     const unsigned int bf[2] = {
                         mma_dequant_pair((word >> (8 * step)) & 0x000f000fu, b.scale[ch][j], b.minimum[ch][j]),
                         mma_dequant_pair((word >> (8 * step + 4)) & 0x000f000fu, b.scale[ch][j], b.minimum[ch][j])};
-                    tl_mma_16816_acc(acc[j], af.w, bf);
+                    tl_mma_16816(acc[j], af.w, bf, acc[j]);
                 }
             }
         }
@@ -235,29 +226,20 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
         if (batch + 1 < batches) current = next;
     }
 
-    // 4. this lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile
+    // 4. this lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile. One split: the
+    // epilogue; several: the split's partials, (splits, n_rows, n_out) floats
     const int n_cols = a.n_out;
-    if (n_splits == 1) {
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = g + (i >= 2 ? 8 : 0);
-                const int o = col_block * MMA_BLOCK_COLS + warp * 16 + j * 8 + 2 * c + (i & 1);
-                if (r < rows && o < n_cols) store_output(a, row0 + r, o, acc[j][i]);
-            }
-        return;
-    }
-    // partials: (splits, n_rows, n_out) floats
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = g + (i >= 2 ? 8 : 0);
-            const int o = col_block * MMA_BLOCK_COLS + warp * 16 + j * 8 + 2 * c + (i & 1);
-            if (r < rows && o < n_cols)
-                partials[((long long)split * a.n_rows + row0 + r) * n_cols + o] = acc[j][i];
+            const int o = col0 + warp * 16 + j * 8 + 2 * c + (i & 1);
+            if (r >= rows || o >= n_cols) continue;
+            if (n_splits == 1) store_output(a, row0 + r, o, acc[j][i]);
+            else partials[((long long)split * a.n_rows + row0 + r) * n_cols + o] = acc[j][i];
         }
+    if (n_splits == 1) return;
     // The last split block of this column block and row tile adds the splits in order. Each
     // block's fence puts its partials in memory before its count; the one that brings the
     // count to n_splits resets it (for the next launch, or a replayed graph).
@@ -273,12 +255,12 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
     if (!*last_flag) return;                                      // uniform over the block
     __threadfence();
     for (int i = threadIdx.x; i < rows * MMA_BLOCK_COLS; i += MMA_THREADS) {
-        const int r = i / MMA_BLOCK_COLS, o = col_block * MMA_BLOCK_COLS + i % MMA_BLOCK_COLS;
+        const int r = i / MMA_BLOCK_COLS, o = col0 + i % MMA_BLOCK_COLS;
         if (o >= n_cols) continue;
         const float* p = partials + (long long)(row0 + r) * n_cols + o;
-        float sum = mma_load_shared_result(p);
+        float sum = tl_load_from_other_blocks(p);
         for (int s = 1; s < n_splits; s++)
-            sum = tl_add(sum, mma_load_shared_result(p + (long long)s * a.n_rows * n_cols));
+            sum = tl_add(sum, tl_load_from_other_blocks(p + (long long)s * a.n_rows * n_cols));
         store_output(a, row0 + r, o, sum);
     }
 }

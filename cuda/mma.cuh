@@ -60,18 +60,3 @@ __device__ __forceinline__ void tl_mma_16816(float* d, const unsigned int* a, co
     for (int i = 0; i < 4; i++) d[i] = s[i];
 #endif
 }
-
-
-// d += A B in place (the same product as tl_mma_16816(d, a, b, d)). The "+f" operands tie the
-// accumulators to their registers, where separate c and d operands cost four moves per call;
-// not volatile, so the compiler may schedule the products among the loads and conversions.
-__device__ __forceinline__ void tl_mma_16816_acc(float* d, const unsigned int* a, const unsigned int* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(TL_NO_TENSOR_CORES)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    tl_mma_16816(d, a, b, d);
-#endif
-}

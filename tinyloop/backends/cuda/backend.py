@@ -83,15 +83,16 @@ class CudaBackend(Backend):
         self.graphs = graphs_enabled() if graphs is None else graphs
         # exact int4 linears on tensor cores: asked for (TINYLOOP_CUDA_MMA_ROWS), and sm_80+
         self.mma_rows = (mma_rows_enabled() if mma_rows is None else mma_rows) and self.tensor_cores
-        self._mma_partials = None        # float32 split partials of linear_mma (one buffer, grown)
-        self._mma_counters = None        # uint32 zeros: its last-block counters
+        self._mma_path = None            # the MmaPath every exact linear call takes, made once
         self._static = None              # StepInputs while a decode step is being captured
         self._graph = None               # the current request's DecodeGraph
         self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
         self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
-        self._attention_scratch = None   # float32 partials of split-context attention
-        self._retired_scratch = []       # smaller ones that captured graphs may still write
-        self._attention_counters = None  # uint32 zeros: attention's fused merge (launch/attention.py)
+        # scratch kept for the backend's life, by name (_kept): attention's chunk partials and its
+        # fused merge's counters, linear_mma's split partials and counters; replaced ones stay in
+        # _retired_scratch, since captured graphs may still write them
+        self._buffers = {}
+        self._retired_scratch = []
 
     def _module(self, name: str):
         return self.device.module(name)
@@ -212,27 +213,30 @@ class CudaBackend(Backend):
         # prefill with fp16 activations: tensor cores where the device has them (the launcher
         # still sends short calls to the row kernels)
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
-        mma = MmaPath(self._module("linear_mma"), self._mma_scratch, self._mma_counter_buffer) \
-            if exact and self.mma_rows else None
         return linear.linear(self._module("linear"), x, weight, out, exact,
-                             self._module("linear_tc") if tensor_cores else None, residual, activation, mma)
+                             self._module("linear_tc") if tensor_cores else None, residual, activation,
+                             self._mma() if exact and self.mma_rows else None)
 
-    def _mma_scratch(self, n_floats: int):
-        """linear_mma's split partials: one buffer for every launch (one stream orders them),
-        grown as needed; a replaced one stays alive for the graphs that recorded it."""
-        if self._mma_partials is None or self._mma_partials.size < n_floats:
-            if self._mma_partials is not None:
-                self._retired_scratch.append(self._mma_partials)
-            self._mma_partials = self.xp.empty(max(n_floats, 1 << 16), np.float32)
-        return self._mma_partials[:n_floats]
+    def _mma(self) -> MmaPath:
+        """What linear_mma needs, made on first use: its module, its split partials and its
+        counters (zeros that every launch leaves zero), each one buffer for every launch."""
+        if self._mma_path is None:
+            self._mma_path = MmaPath(self._module("linear_mma"),
+                                     lambda n: self._kept("mma partials", n, np.float32, 1 << 16)[:n],
+                                     lambda n: self._kept("mma counters", n, np.uint32, 4096, zeros=True)[:n])
+        return self._mma_path
 
-    def _mma_counter_buffer(self, n: int):
-        """linear_mma's counters, zeros that every launch leaves zero; grown like the partials."""
-        if self._mma_counters is None or self._mma_counters.size < n:
-            if self._mma_counters is not None:
-                self._retired_scratch.append(self._mma_counters)
-            self._mma_counters = self.xp.zeros(max(n, 4096), np.uint32)
-        return self._mma_counters[:n]
+    def _kept(self, name: str, n: int, dtype, floor: int = 0, zeros: bool = False):
+        """Scratch `name` of at least n elements (max(n, floor) when made): one buffer reused by
+        every launch (one stream orders them) and recorded by captured graphs, so a buffer that
+        grows is replaced and the old one kept alive (sizes only grow: a request retires a few
+        at most). zeros: made zero (counters, which every launch leaves zero)."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < n:
+            if buffer is not None:
+                self._retired_scratch.append(buffer)
+            buffer = self._buffers[name] = (self.xp.zeros if zeros else self.xp.empty)(max(n, floor), dtype)
+        return buffer
 
     def _norm_out(self, shape, feeds_linear: bool):
         return self._empty(shape, self.linear_input_dtype if feeds_linear else np.float32)
@@ -303,25 +307,14 @@ class CudaBackend(Backend):
                                           rotation=plan.rotation if rope else None)
 
     def _counters(self, n: int, n_kv: int):
-        """The fused merge's counters (uint32 zeros, which every launch leaves zero): one buffer of
-        MAX_FORWARD_ROWS x the most kv heads seen, so a model's steps never outgrow it, kept for
-        the backend's life (captured graphs record its address)."""
-        if self._attention_counters is None or self._attention_counters.size < n:
-            if self._attention_counters is not None:
-                self._retired_scratch.append(self._attention_counters)
-            self._attention_counters = self.xp.zeros(max(n, MAX_FORWARD_ROWS * n_kv), np.uint32)
-        return self._attention_counters
+        """The fused merge's counters: MAX_FORWARD_ROWS x the most kv heads seen at least, so a
+        model's steps never outgrow them."""
+        return self._kept("attention counters", n, np.uint32, MAX_FORWARD_ROWS * n_kv, zeros=True)
 
     def _scratch(self, n_floats: int):
-        """The chunk partials of a step's attention: one buffer, reused by every layer (one
-        stream orders them) and by a captured graph (allocated before, in the warm-up step)."""
-        if self._attention_scratch is None or self._attention_scratch.size < n_floats:
-            if self._attention_scratch is not None:
-                # a graph captured earlier recorded the old buffer's address: keep it alive (sizes
-                # only grow, so a request retires a few buffers at most)
-                self._retired_scratch.append(self._attention_scratch)
-            self._attention_scratch = self.xp.empty(n_floats, np.float32)
-        return self._attention_scratch[:n_floats]
+        """The chunk partials of a step's attention (allocated before a graph captures them, in
+        the warm-up step)."""
+        return self._kept("attention partials", n_floats, np.float32)[:n_floats]
 
     def kv_copy_rows(self, storage: DeviceView, source, target):
         source, target = np.asarray(source), np.asarray(target)

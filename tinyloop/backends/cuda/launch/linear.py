@@ -17,10 +17,10 @@ permutation, 16-byte code rows; `mma_eligible`), the rest stay on the rows kerne
 """
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 from tinyloop.backends.cuda.launch.memory import may_overlap
 from tinyloop.backends.cuda.launch.packing import PackedLinear

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.reference.twins.arith import warp_sum
+from tinyloop.backends.cuda.launch.linear import mma_eligible, mma_split_k
 from tinyloop.backends.cuda.launch.packing import (
     COLUMNS_PER_WORD,
     LinearSegment,
@@ -135,7 +136,7 @@ def linear_bulk_reference(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
     return _add_bias(np.asarray(x, np.float64) @ dense_weight(packed).astype(np.float64).T, packed)
 
 
-def _mma_order(split_k: int, chunks: int) -> np.ndarray:
+def _mma_order(chunks: int) -> np.ndarray:
     """The stored columns of one split (relative to its first) in the order linear_mma_int4
     adds their products: chunk, word q of the lane's four, step (two a word), then the mma's
     16 slots in order; slot k belongs to lane c = (k % 8) // 2, register k // 8 (b0 or b1),
@@ -170,7 +171,7 @@ def linear_mma_segment(x: np.ndarray, seg: LinearSegment, in_features: int, spli
     for k0 in range(0, columns, split_k):
         chunks = -(-min(split_k, columns - k0) // 128)
         acc = np.zeros((inputs.shape[0], weights.shape[0]), F)         # (T, out)
-        for col in k0 + _mma_order(split_k, chunks):
+        for col in k0 + _mma_order(chunks):
             if col < columns:                                          # past the row: +0, no change
                 acc = acc + inputs[:, col, None] * weights[None, :, col]   # exact products of halves
         total = acc if total is None else total + acc
@@ -182,7 +183,6 @@ def linear_mma_segment(x: np.ndarray, seg: LinearSegment, in_features: int, spli
 def linear_mma(x: np.ndarray, packed: PackedLinear) -> np.ndarray:
     """x: (T, in) -> (T, out) float32 as the launcher fills `out` with an MmaPath: the segments
     linear_mma_int4 takes through it, the others through linear_rows_*."""
-    from tinyloop.backends.cuda.launch.linear import mma_eligible, mma_split_k
     pieces = []
     for seg in packed.segments:
         if mma_eligible(seg):
