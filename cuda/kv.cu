@@ -5,6 +5,8 @@
 // kv_write_<mode>: one launch stores a forward's new keys AND values (blockIdx.z picks the
 // side) at physical rows rows[t] of one layer instance, whose block table row `blocks` maps
 // physical row r to pool row blocks[r / 64] * 64 + r % 64, in the layouts of cuda/README.md.
+// With per_token_tables (several caches' tokens in one launch: a batched step), token t's
+// table row is blocks + table_offsets[t] instead.
 // The int modes reproduce IntStore.quantize (backends/reference/kvstore.py) bit for bit; the
 // twin is tinyloop/backends/reference/twins/kv.py.
 //
@@ -51,6 +53,7 @@ __device__ void kv_fwht(float* x, int hd) {
 __device__ __forceinline__ long long kv_load_row(float* keys, const float* values, int k_stride,
                                                  int v_stride, const int* blocks, const int* rows, int n_kv,
                                                  int n_rows, int hd, const float* rotation, int has_rotation,
+                                                 const int* table_offsets, int per_token_tables,
                                                  float* xs) {
     int t = blockIdx.x, g = blockIdx.y;
     const float* src = blockIdx.z ? values + (long long)t * v_stride : keys + (long long)t * k_stride;
@@ -72,7 +75,10 @@ __device__ __forceinline__ long long kv_load_row(float* keys, const float* value
     }
     __syncthreads();
     const int r = rows[t];
-    return (long long)g * n_rows + (long long)blocks[r / TL_BLOCK] * TL_BLOCK + r % TL_BLOCK;
+    // several caches in one launch (a batched step): token t's block table row starts at
+    // blocks + table_offsets[t]; else every token's is `blocks`
+    const int* table = per_token_tables ? blocks + table_offsets[t] : blocks;
+    return (long long)g * n_rows + (long long)table[r / TL_BLOCK] * TL_BLOCK + r % TL_BLOCK;
 }
 
 template <typename T> __device__ __forceinline__ T kv_cast(float x);
@@ -82,9 +88,10 @@ template <> __device__ __forceinline__ __half kv_cast<__half>(float x) { return 
 template <typename T>
 __device__ void kv_write_float(float* kv_smem, float* keys, const float* values, int k_stride,
                                int v_stride, T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv,
-                               int n_rows, int hd, const float* rotation, int has_rotation) {
+                               int n_rows, int hd, const float* rotation, int has_rotation,
+                               const int* table_offsets, int per_token_tables) {
     long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, rotation,
-                                has_rotation, kv_smem);
+                                has_rotation, table_offsets, per_token_tables, kv_smem);
     T* dst = (blockIdx.z ? value_data : key_data) + row * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = kv_cast<T>(kv_smem[d]);
 }
@@ -95,14 +102,15 @@ __device__ void kv_write_int(float* kv_smem, float* keys, const float* values, i
                              unsigned char* key_codes, __half* key_scale, __half* key_min,
                              unsigned char* value_codes, __half* value_scale, __half* value_min,
                              const int* blocks, const int* rows, int n_kv, int n_rows, int hd,
-                             const float* rotation, int has_rotation) {
+                             const float* rotation, int has_rotation, const int* table_offsets,
+                             int per_token_tables) {
     const int levels = (1 << BITS) - 1, per_byte = 8 / BITS;
     const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
     float* xs = kv_smem;                   // (hd,) the row, rotated for int4-h
     float* safe_scale = xs + hd;           // (groups,) the stored scale widened, 1 where it is 0
     float* low = safe_scale + groups;      // (groups,) the stored min widened
     long long row = kv_load_row(keys, values, k_stride, v_stride, blocks, rows, n_kv, n_rows, hd, rotation,
-                                has_rotation, xs);
+                                has_rotation, table_offsets, per_token_tables, xs);
     if (ROTATE) kv_fwht(xs, hd);
     bool side = blockIdx.z;
     // per group: min and max (order-free), then f16 scale = half((max - min) / levels), f16 min
@@ -137,13 +145,15 @@ __device__ void kv_write_int(float* kv_smem, float* keys, const float* values, i
 
 #define KV_FLOAT_ARGS(T) float* keys, const float* values, int k_stride, int v_stride, \
     T* key_data, T* value_data, const int* blocks, const int* rows, int n_kv, int n_rows, int hd, \
-    const float* rotation, int has_rotation
+    const float* rotation, int has_rotation, const int* table_offsets, int per_token_tables
 #define KV_INT_ARGS float* keys, const float* values, int k_stride, int v_stride, \
     unsigned char* key_codes, __half* key_scale, __half* key_min, \
     unsigned char* value_codes, __half* value_scale, __half* value_min, \
-    const int* blocks, const int* rows, int n_kv, int n_rows, int hd, const float* rotation, int has_rotation
+    const int* blocks, const int* rows, int n_kv, int n_rows, int hd, const float* rotation, int has_rotation, \
+    const int* table_offsets, int per_token_tables
 #define KV_INT_PASS keys, values, k_stride, v_stride, key_codes, key_scale, key_min, \
-    value_codes, value_scale, value_min, blocks, rows, n_kv, n_rows, hd, rotation, has_rotation
+    value_codes, value_scale, value_min, blocks, rows, n_kv, n_rows, hd, rotation, has_rotation, \
+    table_offsets, per_token_tables
 
 // The dynamic shared array is declared in each kernel, not in the templates: the CPU harness
 // (tests/cudasim) only resolves `extern __shared__` declared outside templates.
@@ -151,11 +161,11 @@ extern __shared__ float kv_smem[];
 
 extern "C" __global__ void kv_write_fp32(KV_FLOAT_ARGS(float)) {
     kv_write_float<float>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
-                          n_rows, hd, rotation, has_rotation);
+                          n_rows, hd, rotation, has_rotation, table_offsets, per_token_tables);
 }
 extern "C" __global__ void kv_write_fp16(KV_FLOAT_ARGS(__half)) {
     kv_write_float<__half>(kv_smem, keys, values, k_stride, v_stride, key_data, value_data, blocks, rows, n_kv,
-                           n_rows, hd, rotation, has_rotation);
+                           n_rows, hd, rotation, has_rotation, table_offsets, per_token_tables);
 }
 extern "C" __global__ void kv_write_int8(KV_INT_ARGS) { kv_write_int<8, false>(kv_smem, KV_INT_PASS); }
 extern "C" __global__ void kv_write_int4(KV_INT_ARGS) { kv_write_int<4, false>(kv_smem, KV_INT_PASS); }

@@ -19,6 +19,11 @@ and never brackets a single Python launch (whose host overhead would count as ke
   spin kernel with an event after every launch, so each kernel's time is the gap between
   two events on a busy stream, summed by kernel and grid. The table's sum against the
   replayed step is what launches cost inside a graph.
+- **Batches of decode steps as graphs** (graphs.BatchDecodeGraph): B requests at 1k context
+  each, B = 1 (the one-request decode graph), 2, 4, 8, 16, one graph per batch replayed back
+  to back: microseconds a step, aggregate tokens/s, and each against B = 1 (what batching
+  buys when the weights are read once per step). The caches' rows are allocated, not
+  prefilled (a step's work does not depend on the values stored).
 - Speculative (chain) and tree decoding tokens/s with acceptance (random weights:
   acceptance says little; the cost of a round is what is measured).
 
@@ -287,6 +292,37 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     return figures
 
 
+def batch_figures(clock, model, loops: int, context: int, sizes, replays: int) -> dict:
+    """B decode rows of B requests at `context` tokens each as one replayed batch graph, per B."""
+    from tinyloop.kv.pool import KVPool
+    from tinyloop.model.batch import Pass, run_passes
+    backend = model.backend
+    pool = KVPool.for_model(model, max(sizes) * model.cache_bytes(context + 64, loops) + (64 << 20))
+    caches = [model.new_cache(context + 64, loops, pool=pool) for _ in range(max(sizes))]
+    for cache in caches:
+        cache.ensure_rows(0, context + 8)            # rows allocated; their values do not change the work
+    coda = model.coda_base(loops)
+    out = {"context": context}
+    for n in sizes:
+        if n == 1:
+            for step in range(2):                    # the one-request decode graph: warm-up, capture
+                model.decode(1, context + step, caches[0], loops)
+            seconds = clock.replays(backend.decode_runner(model, caches[0], loops).replay, replays)
+        else:
+            for step in range(3):                    # warm-up, capture, a replay
+                run_passes(model, [Pass(c, np.array([context + step]), context + step, loops, tokens=[1], coda=coda,
+                                        head="all") for c in caches[:n]])
+            graph = next(g for g in backend._batch_graphs.graphs.values() if g.n_rows == n)
+            seconds = clock.replays(graph.replay, replays)
+        out[n] = {"step_us": seconds * 1e6, "tokens_per_s": n / seconds}
+    for n in sizes:
+        out[n]["step_over_one"] = out[n]["step_us"] / out[sizes[0]]["step_us"]
+        out[n]["throughput_over_one"] = out[n]["tokens_per_s"] / out[sizes[0]]["tokens_per_s"]
+    for cache in caches:
+        cache.release()
+    return out
+
+
 def speculative_figures(model, loops: int, n_tokens: int) -> dict:
     prompt = list(range(1, 33))
     out = {}
@@ -320,6 +356,11 @@ def summary_lines(report: dict) -> list[str]:
                      f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
                      f"16 rows / 1 row {c['verify16_over_decode']:.2f}, {c['launches']} launches, "
                      f"kernels sum {c['kernels_sum_us']:.0f} us, attention {c['attention_share']:.0%}")
+    batch = report.get("batch_decode_1k", {})
+    for n, r in batch.items() if isinstance(batch, dict) and "error" not in batch else ():
+        if isinstance(r, dict):
+            lines.append(f"batch of {n} at 1k: {r['step_us']:.0f} us a step, {r['tokens_per_s']:.0f} tok/s "
+                         f"({r['throughput_over_one']:.2f}x one request's, a step {r['step_over_one']:.2f}x)")
     return lines
 
 
@@ -350,6 +391,7 @@ def main() -> int:
         ("linear_mma_16_rows", lambda: mma_linear_figures(cp, clock, backend, layer, 16, calls)),
         ("prefill_512_rows", lambda: prefill_linear(cp, clock, backend, layer, 512)),
         ("contexts", lambda: [context_figures(cp, clock, model, 8, c, replays, wall_steps) for c in args.contexts]),
+        ("batch_decode_1k", lambda: batch_figures(clock, model, 8, 1024, (1, 2, 4, 8, 16), replays)),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
     ]
     for key, run in stages:            # a stage that fails is reported and the rest still run

@@ -58,7 +58,8 @@ SANITIZE_TESTS="(test_tree_of_65_nodes and fp16) or (test_ring_seam_inside_a_chu
 or (test_kv_write_int4h and 128) or (test_rope and 65) or test_top_k_edges or test_embed_rows \
 or (test_rows_kernel_equals_twin and float16-16) or (test_tensor_core_kernel_close and int4-float16) \
 or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17) \
-or (test_splits_of_several_batches and 1-150-1280-17)"
+or (test_splits_of_several_batches and 1-150-1280-17) or (test_one_kv_write_for_several and int8) \
+or (test_one_attention_launch_for_several and 70-int4-h)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '
         command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer: not on this machine"; exit 3; }
@@ -66,12 +67,12 @@ for tool in memcheck racecheck synccheck initcheck; do
             env TINYLOOP_TEST_DEVICE=cuda TINYLOOP_TEST_NO_MEMORY_POOL=1 \
             python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_attention.py tests/test_cuda_kv.py \
             tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_elementwise.py \
-            tests/test_cuda_sampling.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
+            tests/test_cuda_sampling.py tests/test_cuda_batch.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
         grep -q "Device not supported" /tmp/sanitize.log && { echo "compute-sanitizer refuses this device"; exit 3; }
         exit $rc' "$SANITIZE_TESTS"
 done
 stage backend 90 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m "not deploy" \
-    tests/test_cuda_backend.py "tests/test_hf_import.py::test_the_cuda_backend_matches_the_reference_too" \
+    tests/test_cuda_backend.py tests/test_cuda_batch.py "tests/test_hf_import.py::test_the_cuda_backend_matches_the_reference_too" \
     tests/test_activations.py \
     --junitxml "$REPORT/backend.xml"
 stage exactness 70 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \

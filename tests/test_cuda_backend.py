@@ -203,15 +203,14 @@ def test_the_fused_rope_in_a_batched_mix_gives_the_unfused_bits(tiny_files, monk
     the kept, rotated keys): every request's tokens the same fused and unfused, and batched as
     alone."""
     from test_batching import outcome, run_mix
-    from tinyloop.backends.base import Backend
     fused_parts = []
-    original = Backend.kv_write_parts
+    original = CudaBackend.kv_write_parts
 
     def counting(self, keys, values, parts, holder, rope=False):
         if rope and len(parts) > 1:
             fused_parts.append(len(parts))
         return original(self, keys, values, parts, holder, rope)
-    monkeypatch.setattr(Backend, "kv_write_parts", counting)
+    monkeypatch.setattr(CudaBackend, "kv_write_parts", counting)
     results = {}
     for fused in (True, False):
         backend = cuda_backend()

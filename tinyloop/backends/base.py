@@ -97,6 +97,11 @@ class Backend(abc.ABC):
     def embed(self, table, ids: np.ndarray):
         """ids: (T,) host ints -> (T, D)."""
 
+    def embed_positions(self, table, positions: np.ndarray):
+        """Learned position embeddings: positions (T,) host ints -> (T, D). A backend replaying
+        a captured step reads the step's positions here, not its token ids."""
+        return self.embed(table, positions)
+
     @abc.abstractmethod
     def linear(self, x, weight, exact: bool, residual=None):
         """x: (T, in) float32 or float16 -> (T, out) float32 = x @ W (+ bias) (+ residual, a (T, out)
@@ -209,6 +214,12 @@ class Backend(abc.ABC):
     def decode_runner(self, model, cache, loops):
         """A callable (token, position) -> logits (1, V) that runs one decode step faster
         than model.forward (a captured CUDA graph), or None: the model then runs forward."""
+        return None
+
+    def batch_decode_runner(self, model, passes: list):
+        """A callable (passes) that runs several requests' plain decode passes (model/batch.py)
+        faster than run_passes' eager forward (a CUDA graph per batch-size bucket) and sets
+        each pass's logits and iterations_run, or None: run_passes runs them."""
         return None
 
     def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):

@@ -93,14 +93,22 @@ def plan_passes(model, passes: list) -> None:
         p.plan = model.plan(p.positions, p.write_row, p.cache, p.exact, p.tree, step_buffers=False)
 
 
-def run_passes(model, passes: list) -> None:
-    """Run every pass, their rows together where the layers allow; results land on the passes."""
+def run_passes(model, passes: list, planned: bool = False) -> None:
+    """Run every pass, their rows together where the layers allow; results land on the passes.
+    planned: every pass has its plan already (a captured batch makes them: backends/cuda/graphs.py).
+    Several plain decode steps go through the backend's batch runner where it has one (a CUDA
+    graph replayed per batch-size bucket: the same kernels, the same bits)."""
     if not passes:
         return
     if len(passes) == 1:
         _run_alone(model, passes[0])
         return
-    plan_passes(model, passes)
+    if not planned:
+        runner = model.backend.batch_decode_runner(model, passes)
+        if runner is not None:
+            runner(passes)
+            return
+        plan_passes(model, passes)
     states = {}                                       # id(pass) -> [hidden, injected, iterations run]
     starting = [p for p in passes if p.tokens is not None]
     if starting:
@@ -190,7 +198,7 @@ def _prelude(model, passes: list) -> list:
         h = h * np.float32(c.embed_scale)
     if model.weights.pos_embed is not None:
         positions = np.concatenate([p.plan.positions for p in passes])
-        h = h + b.embed(model.weights.pos_embed, positions)
+        h = h + b.embed_positions(model.weights.pos_embed, positions)
     rows = _rows(passes, sizes)
     for i, weights in enumerate(model.weights.layers["prelude"]):
         h = model.layer_rows(weights, h, rows, [i] * len(passes))

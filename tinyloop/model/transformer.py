@@ -205,7 +205,7 @@ class LoopedTransformer:
         if c.embed_scale != 1.0:
             h = h * np.float32(c.embed_scale)
         if self.weights.pos_embed is not None:
-            h = h + self.backend.embed(self.weights.pos_embed, plan.positions)
+            h = h + self.backend.embed_positions(self.weights.pos_embed, plan.positions)
         for i, weights in enumerate(self.weights.layers["prelude"]):
             h = self.layer(weights, h, plan, cache, i, _bind(capture, "prelude", i))
         state = h

@@ -18,7 +18,9 @@ TINYLOOP_CUDA_MMA_ROWS=1 the exact path's int4 linears run on tensor cores inste
 (its split is a function of the weight's shape alone).
 
 Per forward, the plan's positions, write rows and draft-tree path rows are uploaded once
-(DevicePlan, cached on the plan) and every layer's kernels read them on the device.
+(DevicePlan, cached on the plan) and every layer's kernels read them on the device. A batched
+step's KV writes and attention take every request's rows in one launch each (batch.py), and a
+batch of plain decode steps replays one CUDA graph per batch-size bucket (graphs.py).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import numpy as np
 from tinyloop.backends.base import Backend, check_activations
 from tinyloop.backends.reference.positions import rope_table
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
-from tinyloop.backends.cuda.graphs import DecodeGraph, VerifyGraph, graphs_enabled
+from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout
+from tinyloop.backends.cuda.graphs import BatchDecodeGraphs, DecodeGraph, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
 from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
@@ -85,6 +88,9 @@ class CudaBackend(Backend):
         self.mma_rows = (mma_rows_enabled() if mma_rows is None else mma_rows) and self.tensor_cores
         self._mma_path = None            # the MmaPath every exact linear call takes, made once
         self._static = None              # StepInputs while a decode step is being captured
+        self._static_batch = None        # BatchInputs while a batch of decode steps is run as a graph
+        self._static_part = None         # the part whose plan is being made under _static_batch
+        self._batch_graphs = BatchDecodeGraphs(self)     # by (model, loops, bucket, slots, width)
         self._graph = None               # the current request's DecodeGraph
         self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
         self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
@@ -138,6 +144,34 @@ class CudaBackend(Backend):
         finally:
             self._static = None
 
+    @contextlib.contextmanager
+    def static_batch(self, inputs):
+        """While a batch of decode steps runs as a graph (graphs.py BatchDecodeGraph), its tokens,
+        positions, write rows and stacked block tables come from these device buffers."""
+        self._static_batch = inputs
+        try:
+            yield
+        finally:
+            self._static_batch = self._static_part = None
+
+    @contextlib.contextmanager
+    def static_part(self, index: int):
+        """The plan made inside is part `index` of the static batch: its device plan is a view of
+        the batch's inputs (what rope_rows gathers from)."""
+        self._static_part = index
+        try:
+            yield
+        finally:
+            self._static_part = None
+
+    def batch_decode_runner(self, model, passes):
+        """The captured graph for these plain decode passes (one row each, one loop count, the
+        same pool, full caches), replayed with padding rows up to its batch-size bucket; None
+        where graphs are off or the passes do not fit one (they then run eagerly)."""
+        if not self.graphs:
+            return None
+        return self._batch_graphs.runner(model, passes)
+
     def decode_runner(self, model, cache, loops):
         """The captured decode step of this cache and loop count (graphs.py), or None."""
         if not self.graphs:
@@ -165,6 +199,11 @@ class CudaBackend(Backend):
         cached = getattr(plan, "device_values", None)
         if cached is not None:
             return cached
+        if self._static_batch is not None and self._static_part is not None:
+            s, p = self._static_batch, self._static_part
+            values = DevicePlan(s.positions[p:p + 1], s.rows[p:p + 1], *self._geometry(plan), NO_TREE, None, None, 0)
+            plan.device_values = values
+            return values
         if self._static is not None:
             s, a = self._static, plan.attention
             if s.tail is not None:                  # a captured tree verify: its tree is on the device
@@ -200,9 +239,22 @@ class CudaBackend(Backend):
         return (g.window, g.ring // ATTENTION_BLOCK if g.ring else 0) if g else (0, 0)
 
     def embed(self, table, ids):
+        return self._embed(table, ids, "tokens")
+
+    def embed_positions(self, table, positions):
+        return self._embed(table, positions, "positions")
+
+    def _embed(self, table, ids, name: str):
+        """name: which of a captured step's inputs the ids are (its tokens or its positions)."""
         ids = np.asarray(ids)
         out = self._empty((ids.shape[0], table.shape[1]))
-        device_ids = self._static.tokens if self._static is not None else self._ints(ids)
+        static = self._static_batch if self._static_batch is not None else self._static
+        if static is not None:
+            device_ids = getattr(static, name)
+            if device_ids.shape[0] != ids.shape[0]:
+                raise ValueError(f"a captured step of {device_ids.shape[0]} rows cannot embed {ids.shape[0]}")
+        else:
+            device_ids = self._ints(ids)
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
     def linear(self, x, weight, exact: bool, residual=None, activation=None):
@@ -305,6 +357,53 @@ class CudaBackend(Backend):
                                           d.ring_blocks, d.shared_end_dev, d.tail_rows, d.tail_len, scale, out,
                                           scratch=scratch, chunks=chunks, counters=counters,
                                           rotation=plan.rotation if rope else None)
+
+    # -- several caches in one launch (batch.py) ------------------------------------------------
+    def kv_write_parts(self, keys, values, parts: list, holder: dict, rope: bool = False) -> None:
+        layout = self._batch_layout(parts, holder)
+        if layout is None:
+            return super().kv_write_parts(keys, values, parts, holder, rope)
+        kv.kv_write(self._module("kv"), parts[0][2], 0, layout.rows, keys, values,
+                    self._stacked_rotation(layout, parts) if rope else None,
+                    tables=layout.tables([slot for _, _, _, slot, _ in parts]))
+
+    def attention_parts(self, q, parts: list, scale: float, holder: dict, rope: bool = False):
+        layout = self._batch_layout(parts, holder)
+        if layout is None:
+            return super().attention_parts(q, parts, scale, holder, rope)
+        storage = parts[0][2]
+        out = self._empty(q.shape)
+        chunks = attention_launch.max_chunks(layout.rows_per_slot, layout.window, layout.ring_blocks)
+        scratch = counters = None
+        if q.shape[0] <= MAX_FORWARD_ROWS:
+            scratch = self._scratch(attention_launch.scratch_floats(q.shape[0], q.shape[1], q.shape[2], chunks))
+            counters = self._counters(q.shape[0] * storage.n_kv, storage.n_kv)
+        return attention_launch.attention(self._module("attention"), storage, q, 0, layout.positions, layout.window,
+                                          layout.ring_blocks, None, None, 0, scale, out, scratch=scratch,
+                                          chunks=chunks, counters=counters,
+                                          rotation=self._stacked_rotation(layout, parts) if rope else None,
+                                          tables=layout.tables([slot for _, _, _, slot, _ in parts]))
+
+    def _batch_layout(self, parts: list, holder: dict) -> BatchLayout | None:
+        """The stacked rows of these parts (batch.py), made once per forward; None: launch each
+        part on its own."""
+        if not batchable(parts):
+            return None
+        key = ("batch layout", tuple(id(plan) for *_, plan in parts))
+        layout = holder.get(key)
+        if layout is None:
+            if self._static_batch is not None:
+                layout = self._static_batch.layout(len(parts))
+            else:
+                layout = build_layout(parts, self._ints)
+            holder[key] = layout
+        return layout
+
+    def _stacked_rotation(self, layout: BatchLayout, parts: list):
+        """Every part's RoPE rows (T, hd/2), stacked once per layout."""
+        if layout.rotation is None:
+            layout.rotation = self.xp.ascontiguousarray(self.xp.concatenate([plan.rotation for *_, plan in parts]))
+        return layout.rotation
 
     def _counters(self, n: int, n_kv: int):
         """The fused merge's counters: MAX_FORWARD_ROWS x the most kv heads seen at least, so a

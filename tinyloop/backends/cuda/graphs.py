@@ -188,3 +188,171 @@ class VerifyGraph:
                 tail[:, :a.tail_rows.shape[1]] = a.tail_rows
             parts += [np.array([a.shared_end]), tail.ravel()]
         return np.concatenate(parts)
+
+
+BATCH_BUCKETS = (2, 4, 8, 16, 32)     # batch sizes a graph is captured for; a batch runs in the smallest that holds it
+MAX_BATCH_GRAPHS = 16                 # kept at once, least recently used dropped (each holds its arena)
+
+
+@dataclass
+class BatchInputs:
+    """The per-step values of a captured batch of B decode steps: one int32 device array, uploaded
+    in one copy per step (tokens, positions, physical write rows, then the stacked block table
+    (S, B, W) of batch.py), and the constant token offsets of each slot, (S, B): row s is the
+    offsets of a layer call whose parts are all at slot s (batch.py's (s B + p) W)."""
+    values: object                 # (3 B + S B W,) int32
+    tokens: object                 # (B,)
+    positions: object              # (B,)
+    rows: object                   # (B,)
+    table: object                  # (S B W,)
+    offsets: object                # (S, B) int32, constant
+    n_slots: int
+    width: int
+
+    @classmethod
+    def allocate(cls, device, n_rows: int, n_slots: int, width: int):
+        values = device.xp.zeros(3 * n_rows + n_slots * n_rows * width, np.int32)
+        offsets = (np.arange(n_slots)[:, None] * n_rows + np.arange(n_rows)[None, :]) * width
+        return cls(values, values[:n_rows], values[n_rows:2 * n_rows], values[2 * n_rows:3 * n_rows],
+                   values[3 * n_rows:], device.asarray(offsets.astype(np.int32)), n_slots, width)
+
+    @property
+    def n_rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def layout(self, n_parts: int):
+        """batch.py's layout of a forward over these inputs (every layer call has all B parts,
+        each at the same slot)."""
+        from tinyloop.backends.cuda.batch import BatchLayout
+        if n_parts != self.n_rows:
+            raise ValueError(f"a captured batch of {self.n_rows} rows cannot run a layer over {n_parts} parts")
+        offsets = {(s,) * self.n_rows: self.offsets[s] for s in range(self.n_slots)}
+        return BatchLayout(self.n_rows, self.n_slots, self.width, 0, 0, self.positions, self.rows, self.table,
+                           np.arange(self.n_rows), None, offsets)
+
+
+class BatchDecodeGraph:
+    """B plain decode steps of different requests (each on its own cache, one loop count) as one
+    replayed graph: run_passes' batched forward (one linear call per weight for every row, one
+    KV write and one attention launch per layer for every cache: batch.py). Reused from step to
+    step and across requests: the requests' tokens, positions, write rows and block tables are
+    the graph's inputs. A batch of fewer than B requests is padded with decode steps at position
+    0 of a PaddingCache (its one row is rewritten every step and read by nobody else); the
+    padding's logits are dropped. Rows are row-invariant, so padding changes no bit of a
+    request's row (tests/test_cuda_batch.py)."""
+
+    def __init__(self, backend, model, loops: int, n_rows: int, n_slots: int, width: int, scratch):
+        self.backend, self.model, self.loops, self.n_rows = backend, model, loops, n_rows
+        self.inputs = BatchInputs.allocate(backend.device, n_rows, n_slots, width)
+        self.scratch = scratch                # PaddingCache: the padding rows' cache
+        self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
+
+    def __call__(self, passes: list) -> None:
+        """passes: at most B plain decode passes (model/batch.py Pass) of this loop count; each
+        gets its logits (1, V) (a copy: the graph's buffer is rewritten by the next step) and
+        iterations_run."""
+        from tinyloop.backends.cuda.batch import stacked_tables
+        n, pad = len(passes), self.n_rows - len(passes)
+        if not 0 < n <= self.n_rows:
+            raise ValueError(f"a batch graph of {self.n_rows} rows cannot run {n} passes")
+        caches = [p.cache for p in passes] + [self.scratch] * pad
+        tokens = [int(np.asarray(p.tokens)[0]) for p in passes] + [0] * pad
+        positions = [int(p.positions[0]) for p in passes] + [0] * pad
+        write_rows = [int(p.write_row) for p in passes] + [0] * pad
+        for cache, row in zip(caches, write_rows):
+            cache.check_rows(row, 1)
+            cache.ensure_rows(row, 1)            # a new pool block lands in the stacked table
+        physical = [int(c.geometry.physical(np.array([r]))[0]) for c, r in zip(caches, write_rows)]
+        table = stacked_tables([c.table for c in caches], self.inputs.n_slots, self.inputs.width)
+        self.steps += 1
+        device = self.backend.device
+        device.upload_ints(self.inputs.values, np.concatenate([tokens, positions, physical, table.reshape(-1)]))
+        # the closure's tokens, positions and caches are frozen, as in a recorded graph: the
+        # kernels read self.inputs
+        run = lambda: self._forward(caches, tokens, positions, write_rows)     # noqa: E731
+        with self.backend.static_batch(self.inputs):
+            if self.steps == 1:                  # warm-up: compile and load, size the arena
+                logits, self.arena_bytes = device.measure(run)
+            elif self.replay is None:
+                self.replay, self.logits = device.capture(run, self.arena_bytes)
+                logits = self.logits
+            else:
+                self.replay()
+                logits = self.logits
+        logits = logits[:n].copy()
+        for i, p in enumerate(passes):
+            p.logits, p.iterations_run = logits[i:i + 1], self.loops
+
+    def _forward(self, caches, tokens, positions, write_rows):
+        """The batched forward over the B rows, its plans made as views of the inputs. -> (B, V)."""
+        from tinyloop.model.batch import Pass, run_passes
+        model, backend = self.model, self.backend
+        coda = model.coda_base(self.loops)
+        passes = [Pass(cache, np.array([position]), row, self.loops, tokens=np.array([token]), coda=coda, head="all")
+                  for cache, token, position, row in zip(caches, tokens, positions, write_rows)]
+        for i, p in enumerate(passes):
+            with backend.static_part(i):
+                p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False)
+        run_passes(model, passes, planned=True)
+        return backend.xp.concatenate([p.logits for p in passes])
+
+
+class PaddingCache:
+    """Where a batch graph's padding rows go: a cache of one 64-row block per slot, every slot's
+    block the pool's null block (kv/pool.py), so it takes no block from anyone. Each padding row
+    writes pool row 0 of the null block in every layer and its attention reads that row back in
+    the same layer. Nothing else reads the null block on this backend: its kernels never read a
+    row no query may see (CudaBackend.kv_init_blocks), and an unallocated table entry is all that
+    points there."""
+    window, ring, capacity = 0, None, 1
+
+    def __init__(self, backend, pool, n_slots: int):
+        from tinyloop.kv.pool import NULL_BLOCK
+        from tinyloop.model.plan import Geometry
+        self.pool, self.n_slots = pool, n_slots
+        self.table = np.full((n_slots, 1), NULL_BLOCK, np.int32)
+        self.storage = backend.kv_view(pool.storage, self.table)
+        self.geometry = Geometry(ATTENTION_BLOCK, None, 0)
+
+    def check_rows(self, start: int, count: int) -> None:
+        if start != 0 or count != 1:
+            raise IndexError(f"a padding cache holds row 0 only, not [{start}, {start + count})")
+
+    def ensure_rows(self, start: int, count: int) -> None:
+        self.check_rows(start, count)
+
+
+class BatchDecodeGraphs:
+    """The backend's batch graphs, by (model, loop count, bucket, slots, table width, pool), and a
+    padding cache per (pool, slots)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.graphs = {}                     # key -> BatchDecodeGraph, least recently used first
+        self.padding = {}                    # (id(pool), slots) -> PaddingCache
+
+    def runner(self, model, passes: list):
+        """The graph for these passes, or None: they are not all plain decode steps of one loop
+        count on full caches of one pool, or more than the largest bucket (they then run eagerly)."""
+        if not 2 <= len(passes) <= BATCH_BUCKETS[-1] or model.config.initial_state == "random":
+            return None
+        loops = passes[0].iterations
+        pool = passes[0].cache.pool
+        for p in passes:
+            if not (p.is_plain_decode and p.iterations == loops and p.coda == model.coda_base(loops)
+                    and p.cache.pool is pool and p.cache.window == 0 and p.cache.ring is None):
+                return None
+        n_slots = max(p.cache.n_slots for p in passes)
+        width = 1 << (max(p.cache.table.shape[1] for p in passes) - 1).bit_length()
+        bucket = next(b for b in BATCH_BUCKETS if b >= len(passes))
+        key = (id(model), loops, bucket, n_slots, width, id(pool))
+        graph = self.graphs.pop(key, None)
+        if graph is None or graph.model is not model or graph.scratch.pool is not pool:
+            padding = self.padding.get((id(pool), n_slots))
+            if padding is None or padding.pool is not pool:
+                padding = self.padding[(id(pool), n_slots)] = PaddingCache(self.backend, pool, n_slots)
+            graph = BatchDecodeGraph(self.backend, model, loops, bucket, n_slots, width, padding)
+            if len(self.graphs) >= MAX_BATCH_GRAPHS:
+                self.graphs.pop(next(iter(self.graphs)))
+        self.graphs[key] = graph             # the most recently used last
+        return graph

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.cuda.launch.kv import DeviceView, check_rotation
+from tinyloop.backends.cuda.launch.kv import DeviceView, TokenTables, check_rotation
 from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
@@ -158,7 +158,7 @@ def _array_module(out):
 
 def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, ring_blocks: int,
               shared_end_dev, tail_rows_dev, tail_len: int, scale: float, out, *, scratch=None, chunks=None,
-              counters=None, rotation=None):
+              counters=None, rotation=None, tables: TokenTables | None = None):
     """q: (T, H, hd) float32, heads packed, any token stride (a view of the fused qkv output);
     positions_dev (T,) int32 logical positions; window (0: none); ring_blocks (0: no ring);
     shared_end_dev (1,) int32 on the device: first block read through tail_rows_dev (T, tail_len)
@@ -181,6 +181,10 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     rotation: None (q already rotated), or the forward's RoPE rows (T, hd/2) complex64: each
     query is rotated as it is loaded (rope_rows' bits; q itself is left as it was).
 
+    tables: several caches' queries in one launch (a batched step): each query's block table row
+    from `tables` (slot and kv's table unused; kv gives the pool), one query a block; pass
+    `chunks` for the widest table.
+
     Row-invariant: how the queries are grouped, or which launch merges, changes no bit of any one
     of them."""
     n_queries, n_heads, head_dim = q.shape
@@ -199,6 +203,8 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
         raise ValueError(f"attention: tail_rows must be contiguous ({n_queries}, {tail_len}) int32, got "
                          f"{tail_rows_dev.shape} {tail_rows_dev.dtype}")
     check_rotation(rotation, n_queries, head_dim)
+    if tables is not None:
+        tables.check(n_queries)
     if ring_blocks and ring_blocks * ATTENTION_BLOCK > kv.rows:
         raise ValueError(f"attention: a ring of {ring_blocks} blocks in {kv.rows} rows")
     if has_tail and (shared_end_dev is None or shared_end_dev.shape != (1,) or shared_end_dev.dtype != np.int32):
@@ -226,8 +232,10 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     if not n_queries:
         return out
     group = n_heads // kv.n_kv
-    blocks = kv.blocks(slot)
-    qb, tiles = layout(min(batch, n_queries), group, head_dim, window, ring_blocks, device_shared_limit(out))
+    blocks = kv.blocks(slot) if tables is None else tables.table
+    # per-token tables: a block's queries may be of different caches, so one query a block
+    qb, tiles = layout(1 if tables is not None else min(batch, n_queries), group, head_dim, window, ring_blocks,
+                       device_shared_limit(out))
     shared = shared_bytes(group, head_dim, qb, tiles)
     vector = vector_loads(kv)
     function = module.get_function(KERNELS[kv.mode])
@@ -250,7 +258,8 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
                   scratch if counters is None else counters,             # not read without a merge
                   np.int32(counters is not None), out[start:stop], np.int32(stop - start), np.int32(qb),
                   np.int32(tiles), positions if rotation is None else rotation[start:stop],
-                  np.int32(rotation is not None)),
+                  np.int32(rotation is not None), positions if tables is None else tables.offsets[start:stop],
+                  np.int32(tables is not None)),
                  shared_mem=shared)
         if counters is not None:
             continue

@@ -107,6 +107,23 @@ class DeviceView:
     rows = property(lambda self: self.table.shape[1] * ATTENTION_BLOCK)      # physical rows per slot
 
 
+@dataclass
+class TokenTables:
+    """Several caches' block tables in one launch (a batched step: cuda/kv.cu, attention.cu
+    per_token_tables): token t's block table row starts at table[offsets[t]], so the tokens of
+    different caches, at different slots, are written and read by one launch."""
+    table: object       # (n,) int32 device array: every part's table rows, stacked
+    offsets: object     # (T,) int32 device array: where each token's row starts in `table`
+
+    def check(self, n_tokens: int) -> None:
+        for name, array in (("table", self.table), ("offsets", self.offsets)):
+            if array.dtype != np.int32 or array.ndim != 1 or not array.flags.c_contiguous:
+                raise ValueError(f"token tables: {name} must be a contiguous int32 vector, got {array.dtype} "
+                                 f"{array.shape}")
+        if self.offsets.shape != (n_tokens,):
+            raise ValueError(f"token tables: {self.offsets.shape[0]} offsets for {n_tokens} tokens")
+
+
 def _planes(array) -> int:
     return array.shape[0]
 
@@ -125,18 +142,25 @@ def _token_stride(x, n_kv: int, head_dim: int) -> int:
     return x.strides[0] // 4
 
 
-def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation=None) -> None:
+def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation=None,
+             tables: TokenTables | None = None) -> None:
     """keys, values: (T, n_kv, hd) float32 -> quantized and stored at physical rows rows_dev (T,)
     int32 of `slot` (through its block table row), both sides in one launch: grid (T, n_kv, 2).
     rotation: None (keys already rotated), or the forward's RoPE rows (T, hd/2) complex64: the
     keys are rotated as they are stored, and left rotated in `keys` (rope_rows' bits: the
-    launch that RoPE fusion saves)."""
+    launch that RoPE fusion saves).
+    tables: several caches' tokens (a batched step): each token's block table row from
+    `tables` (slot and kv's table unused; kv gives the pool); a row's bits are the same."""
     n_tokens = keys.shape[0]
     if values.shape[0] != n_tokens or rows_dev.shape != (n_tokens,) or rows_dev.dtype != np.int32:
         raise ValueError(f"kv_write: {n_tokens} keys, {values.shape[0]} values, rows {rows_dev.shape} "
                          f"{rows_dev.dtype} (expected int32)")
     check_rotation(rotation, n_tokens, kv.head_dim)
-    blocks = kv.blocks(slot)
+    if tables is None:
+        blocks = kv.blocks(slot)
+    else:
+        tables.check(n_tokens)
+        blocks = tables.table
     if not n_tokens:
         return
     head_dim = kv.head_dim
@@ -148,7 +172,8 @@ def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation
         (n_tokens, kv.n_kv, 2), (KV_THREADS,),
         (keys, values, np.int32(k_stride), np.int32(v_stride), *kv.keys.values(), *kv.values.values(),
          blocks, rows_dev, np.int32(kv.n_kv), np.int32(kv.pool.rows), np.int32(head_dim),
-         rows_dev if rotation is None else rotation, np.int32(rotation is not None)),
+         rows_dev if rotation is None else rotation, np.int32(rotation is not None),
+         rows_dev if tables is None else tables.offsets, np.int32(tables is not None)),
         shared_mem=shared)
 
 

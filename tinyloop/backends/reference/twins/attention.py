@@ -75,7 +75,8 @@ def attention(mode: str, q: np.ndarray, keys: dict, values: dict, blocks, positi
               ring_blocks: int = 0, shared_end: int = NO_TREE, tail_rows=None, scale: float = 1.0) -> np.ndarray:
     """Host twin of attention_<mode>. q: (T, H, hd) float32; keys, values: the side dicts of the
     pool's stored arrays (n_kv, rows, ...); blocks: the slot's block table row (physical row r
-    is pool row blocks[r // 64] * 64 + r % 64); positions (T,); tail_rows (T, tail_len)
+    is pool row blocks[r // 64] * 64 + r % 64), or (T, W) each query's own (several caches in
+    one launch: per_token_tables); positions (T,); tail_rows (T, tail_len)
     physical rows or None. -> (T, H, hd) float32."""
     n_queries, n_heads, head_dim = q.shape
     n_kv = next(iter(keys.values())).shape[0]
@@ -108,7 +109,9 @@ def attention(mode: str, q: np.ndarray, keys: dict, values: dict, blocks, positi
                 else:
                     rows = np.broadcast_to((b % ring_blocks if ring_blocks else b) * BLOCK + j, (n_queries, BLOCK))
                 rows = np.where(visible, rows, 0)                           # (T, 64); masked: never used
-                rows = blocks[rows // BLOCK] * BLOCK + rows % BLOCK         # pool rows
+                table = (np.take_along_axis(blocks, rows // BLOCK, axis=1) if blocks.ndim == 2
+                         else blocks[rows // BLOCK])
+                rows = table * BLOCK + rows % BLOCK                         # pool rows
                 key_block = dequantize(mode, keys, rows).transpose(1, 0, 2, 3)              # (T, n_kv, 64, hd)
                 value_block = dequantize(mode, values, rows).transpose(1, 0, 2, 3)
                 mask = visible[:, None, None, :]                            # (T, 1, 1, 64)

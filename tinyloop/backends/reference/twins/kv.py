@@ -61,9 +61,12 @@ def stored_rows(mode: str, x: np.ndarray) -> dict:
 def kv_write(mode: str, keys_arrays: dict, values_arrays: dict, blocks, rows, keys, values) -> None:
     """Host twin of kv_write_<mode>: keys, values (T, n_kv, hd) stored at physical rows `rows`
     (T,) of the slot whose block table row is `blocks` (pool row blocks[r // 64] * 64 + r % 64)
-    in the pool's side dicts (n_kv, rows, ...), in place."""
+    in the pool's side dicts (n_kv, rows, ...), in place. blocks (T, W): token t's own table
+    row blocks[t] (several caches in one launch: per_token_tables)."""
     rows = np.asarray(rows, np.int64)
-    rows = np.asarray(blocks, np.int64)[rows // 64] * 64 + rows % 64
+    blocks = np.asarray(blocks, np.int64)
+    table = blocks[np.arange(rows.shape[0]), rows // 64] if blocks.ndim == 2 else blocks[rows // 64]
+    rows = table * 64 + rows % 64
     for arrays, x in ((keys_arrays, keys), (values_arrays, values)):
         for name, stored in stored_rows(mode, np.asarray(x, F).transpose(1, 0, 2)).items():   # (n_kv, T, ...)
             arrays[name][:, rows] = stored

@@ -1,0 +1,293 @@
+"""Several caches in one launch, and batches of decode steps as one replayed graph (the CUDA
+backend's batch.py and graphs.py BatchDecodeGraph), on the CPU harness (or a GPU with
+TINYLOOP_TEST_DEVICE=cuda).
+
+The oracle is each part run alone: the launchers with one cache's table row, and the model's
+plain forward on a cache of its own. Every comparison is bit for bit."""
+import types
+
+import numpy as np
+import pytest
+from test_cuda_attention import bits_equal, kernel
+from test_cuda_backend import LaunchCounter, cuda_backend
+from test_cuda_kv import F, fused_keys_values
+
+from tinyloop.backends.cuda.batch import stacked_tables
+from tinyloop.backends.cuda.graphs import BATCH_BUCKETS
+from tinyloop.backends.cuda.launch import attention as attention_launch
+from tinyloop.backends.cuda.launch import kv as kv_launch
+from tinyloop.backends.reference.twins import attention as twin
+from tinyloop.backends.reference.twins import kv as twin_kv
+from tinyloop.engine.decode import prefill
+from tinyloop.kv.pool import KVPool
+from tinyloop.model.batch import Pass, run_passes
+from tinyloop.model.loader import load_model
+
+MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]
+N_KV, HEAD_DIM = 2, 32
+
+
+def shared_pool(device, mode, widths, n_slots=3, seed=0):
+    """One pool and a table (n_slots, width) per part over disjoint, shuffled blocks of it
+    (the null block 0 never handed out): what several caches of one engine look like."""
+    rng = np.random.default_rng(seed)
+    total = n_slots * sum(widths)
+    ids = (rng.permutation(total + 3)[:total] + 1).astype(np.int32)
+    tables, start = [], 0
+    for width in widths:
+        tables.append(ids[start:start + n_slots * width].reshape(n_slots, width))
+        start += n_slots * width
+    pool = kv_launch.DeviceKV.allocate(mode, N_KV, 64 * (total + 4), HEAD_DIM, types.SimpleNamespace(zeros=device.zeros))
+
+    def view(table):
+        def upload(buffer, values):
+            buffer[...] = device.asarray(np.asarray(values, np.int32))
+        return kv_launch.DeviceView(pool, table, device.zeros(table.shape, np.int32), upload)
+    return pool, [view(t) for t in tables]
+
+
+def token_tables(device, tables, part_slots, token_parts):
+    """The stacked table of batch.py and each token's offset: (s P + p) W."""
+    n_slots, width = max(t.shape[0] for t in tables), max(t.shape[1] for t in tables)
+    stacked = stacked_tables(tables, n_slots, width)
+    offsets = (np.asarray(part_slots)[token_parts] * len(tables) + token_parts) * width
+    return kv_launch.TokenTables(device.asarray(stacked.reshape(-1)), device.asarray(offsets.astype(np.int32))), width
+
+
+def pool_bytes(device, pool) -> list:
+    return [device.to_host(a).view(np.uint8).copy() for a in pool.arrays()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_kv_write_for_several_caches_stores_each_parts_rows(kernel_device, mode):
+    """Three caches' tokens, each part at its own slot, written by one launch through the
+    stacked tables: the pool afterwards is byte for byte what one launch per part leaves, and
+    what the twin stores through each token's own table row. A token's table taken from
+    another part's row (offsets wrong by one part) fails this."""
+    device = kernel_device
+    sizes, slots, widths = [3, 1, 4], [2, 0, 1], [2, 3, 1]
+    token_parts = np.repeat(np.arange(3), sizes)
+    rng = np.random.default_rng(5)
+    fused, k_cols, v_cols = fused_keys_values(rng, sum(sizes), N_KV, HEAD_DIM)
+    rows = np.concatenate([rng.choice(64 * w, n, replace=False) for w, n in zip(widths, sizes)])
+    keys_values = device.asarray(fused)
+    keys = keys_values[:, k_cols].reshape(-1, N_KV, HEAD_DIM)
+    values = keys_values[:, v_cols].reshape(-1, N_KV, HEAD_DIM)
+    rows_dev = device.asarray(rows.astype(np.int32))
+
+    batched_pool, views = shared_pool(device, mode, widths)
+    tables, _ = token_tables(device, [v.table for v in views], slots, token_parts)
+    kv_launch.kv_write(device.module("kv"), views[0], 0, rows_dev, keys, values, tables=tables)
+
+    alone_pool, alone_views = shared_pool(device, mode, widths)
+    start = 0
+    for view, slot, n in zip(alone_views, slots, sizes):
+        kv_launch.kv_write(device.module("kv"), view, slot, rows_dev[start:start + n], keys[start:start + n],
+                           values[start:start + n])
+        start += n
+    for got, want in zip(pool_bytes(device, batched_pool), pool_bytes(device, alone_pool)):
+        assert np.array_equal(got, want)
+
+    twin_pool = kv_launch.DeviceKV.allocate(mode, N_KV, batched_pool.rows, HEAD_DIM)
+    per_token = np.stack([np.concatenate([views[p].table[slots[p]], np.zeros(3 - widths[p], np.int32)])
+                          for p in token_parts])                                   # (T, W) each token's row
+    host = fused.reshape(fused.shape[0], -1)
+    twin_kv.kv_write(mode, twin_pool.keys, twin_pool.values, per_token, rows,
+                     host[:, k_cols].reshape(-1, N_KV, HEAD_DIM), host[:, v_cols].reshape(-1, N_KV, HEAD_DIM))
+    for got, want in zip(pool_bytes(device, batched_pool), [a.view(np.uint8) for a in twin_pool.arrays()]):
+        assert np.array_equal(got, want)
+
+
+def filled_pool(device, mode, widths, n_slots=3, seed=1):
+    """shared_pool with every row of every slot of every part holding random keys and values
+    (stored by the kv twin), the rest of the pool NaN / 0xFF (never read)."""
+    pool, views = shared_pool(device, mode, widths, n_slots, seed)
+    host = kv_launch.DeviceKV.allocate(mode, N_KV, pool.rows, HEAD_DIM)
+    for array in host.arrays():
+        array.view(np.uint8)[...] = 0xFF
+    rng = np.random.default_rng(seed)
+    for view in views:
+        rows = view.table.shape[1] * 64
+        for slot in range(n_slots):
+            keys, values = rng.standard_normal((2, rows, N_KV, HEAD_DIM)).astype(F)
+            twin_kv.kv_write(mode, host.keys, host.values, view.table[slot], np.arange(rows), keys, values)
+    for mine, theirs in zip(host.arrays(), pool.arrays()):
+        theirs[...] = device.asarray(mine)
+    return host, views
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("window", [0, 70])
+def test_one_attention_launch_for_several_caches_gives_each_query_its_alone_bits(kernel_device, mode, window):
+    """Queries of three caches (a decode row, a 5-row verify, a 2-row stretch; positions across
+    64-key block and 256-key chunk edges), each part at its own slot, in one launch through the
+    stacked tables: each part's rows are bit for bit its own launch's, and the twin's with each
+    query's own table row. Reading every query through the first part's table fails this."""
+    device = kernel_device
+    widths, slots = [5, 2, 8], [1, 2, 0]
+    host, views = filled_pool(device, mode, widths)
+    positions = [np.array([300]), np.arange(60, 65), np.array([255, 256])]
+    sizes = [len(p) for p in positions]
+    token_parts = np.repeat(np.arange(3), sizes)
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((sum(sizes), 2 * N_KV, HEAD_DIM)).astype(F)
+    all_positions = np.concatenate(positions)
+    tables, width = token_tables(device, [v.table for v in views], slots, token_parts)
+    chunks = attention_launch.max_chunks(width * 64, window, 0)
+    out = device.zeros(q.shape, F)
+    counters = device.zeros(q.shape[0] * N_KV, np.uint32)
+    attention_launch.attention(device.module("attention"), views[0], device.asarray(q), 0,
+                               device.asarray(all_positions.astype(np.int32)), window, 0, None, None, 0, 0.125, out,
+                               chunks=chunks, counters=counters, tables=tables)
+    batched = device.to_host(out)
+    assert not device.to_host(counters).any()
+    start = 0
+    for view, slot, pos in zip(views, slots, positions):
+        alone = kernel(device, view, q[start:start + len(pos)], slot, pos, window)
+        assert bits_equal(batched[start:start + len(pos)], alone), (view.table.shape, slot)
+        start += len(pos)
+    per_token = np.stack([np.concatenate([views[p].table[slots[p]], np.zeros(width - widths[p], np.int32)])
+                          for p in token_parts])
+    assert bits_equal(batched, twin.attention(mode, q, host.keys, host.values, per_token, all_positions, window,
+                                              scale=0.125))
+
+
+def test_token_tables_are_checked():
+    t = kv_launch.TokenTables(np.zeros(8, np.int32), np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="3 offsets for 2 tokens"):
+        t.check(2)
+    with pytest.raises(ValueError, match="offsets must be a contiguous int32"):
+        kv_launch.TokenTables(np.zeros(8, np.int32), np.zeros(3, np.int64)).check(3)
+
+
+# -- the model: batched steps on the CUDA backend --------------------------------------------------
+
+def started(model, prompts, loops, pool, capacity=40):
+    """A cache per prompt in `pool`, prefilled (alone) -> (caches, last tokens)."""
+    caches, tokens = [], []
+    for prompt in prompts:
+        cache = model.new_cache(capacity, loops, pool=pool)
+        logits = prefill(model, prompt, cache, loops)
+        caches.append(cache)
+        tokens.append(int(np.argmax(model.backend.to_host(logits)[0])))
+    return caches, tokens
+
+
+def decode_pass(model, cache, token, position, loops):
+    return Pass(cache, np.array([position]), position, loops, tokens=[token], coda=model.coda_base(loops), head="all")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(21)
+    return [[int(t) for t in rng.integers(3, 200, n)] for n in (5, 12, 3, 9, 7)]
+
+
+@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
+def test_a_batched_step_launches_one_kv_write_and_one_attention_per_layer(tiny_files, prompts, preset):
+    """Five requests at three loop counts stepped together eagerly (graphs off): core rounds
+    whose parts sit at different slots, rows of different cache widths. Each request's logits
+    equal its plain forward alone bit for bit, and each layer call is one kv_write and one
+    attention launch, not one per request."""
+    backend = cuda_backend(graphs=False)
+    model = load_model(tiny_files[preset], backend).model
+    plain = load_model(tiny_files[preset], cuda_backend(graphs=False)).model
+    loops = [2, 3, 2, 1, 3]
+    pools = [KVPool.for_model(m, 32 << 20) for m in (model, plain)]
+    caches, tokens, mirrors = [], [], []
+    for i, (prompt, n) in enumerate(zip(prompts, loops)):          # cache widths 1 to 5 blocks
+        (cache,), (token,) = started(model, [prompt], n, pools[0], capacity=40 + 64 * i)
+        (mirror,), _ = started(plain, [prompt], n, pools[1], capacity=40 + 64 * i)
+        caches.append(cache), tokens.append(token), mirrors.append(mirror)
+    counts = {}
+    module = backend.device.module("kv"), backend.device.module("attention")
+    backend.device._modules["kv"] = LaunchCounter(module[0], counts)
+    backend.device._modules["attention"] = LaunchCounter(module[1], counts)
+    for step in range(3):
+        positions = [len(p) + step for p in prompts]
+        passes = [decode_pass(model, c, t, position, n) for c, t, position, n in zip(caches, tokens, positions, loops)]
+        counts.clear()
+        run_passes(model, passes)
+        instances = model.config.n_prelude + model.config.n_core * max(loops) + model.config.n_coda
+        assert counts.get("kv_write_fp16") == instances, counts
+        assert sum(v for k, v in counts.items() if k.startswith("attention_")) == instances, counts
+        new_tokens = []
+        for p, mirror, position, n, token in zip(passes, mirrors, positions, loops, tokens):
+            theirs = plain.backend.to_host(plain.forward([token], [position], mirror, n))
+            assert bits_equal(backend.to_host(p.logits), theirs), (step, n)
+            new_tokens.append(int(np.argmax(theirs)))
+        tokens = new_tokens
+
+
+@pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
+def test_batches_of_decode_steps_replay_one_graph_per_bucket_across_requests(tiny_files, prompts, preset):
+    """Requests join and leave a decoding batch (2 then 3 then 4 then 3 rows: buckets 2 and 4, the
+    3-row steps padded); every step's logits equal each request's plain forward alone, bit for
+    bit. A bucket's graph is captured once and replayed for later steps, and after two requests
+    finish, newcomers at other positions reuse it: what changes lives in the graph's inputs
+    (tokens, positions, write rows, block tables), and on the CPU a replay re-runs the step with
+    its first values frozen, so anything read from the host would be stale. Learned positions
+    (tiny-looped-gpt) come from the inputs' positions, not its tokens."""
+    backend = cuda_backend(graphs=True)
+    model = load_model(tiny_files[preset], backend).model
+    plain = load_model(tiny_files[preset], cuda_backend(graphs=False)).model
+    loops = 2
+    pools = [KVPool.for_model(m, 32 << 20) for m in (model, plain)]
+    ours, tokens = started(model, prompts, loops, pools[0])
+    theirs, _ = started(plain, prompts, loops, pools[1])
+    positions = [len(p) for p in prompts]
+    schedule = [[0, 1]] * 3 + [[0, 1, 2]] * 3 + [[0, 1, 2, 3]] * 3 + [[2, 3, 4]] * 4
+    for step, running in enumerate(schedule):
+        passes = [decode_pass(model, ours[i], tokens[i], positions[i], loops) for i in running]
+        run_passes(model, passes)
+        for i, p in zip(running, passes):
+            want = plain.backend.to_host(plain.forward([tokens[i]], [positions[i]], theirs[i], loops))
+            assert bits_equal(backend.to_host(p.logits), want), (step, i)
+            assert p.iterations_run == loops
+            tokens[i], positions[i] = int(np.argmax(want)), positions[i] + 1
+    graphs = {key[2]: g for key, g in backend._batch_graphs.graphs.items()}
+    assert sorted(graphs) == [2, 4]
+    assert graphs[2].steps == 3 and graphs[4].steps == 10 and graphs[4].replay is not None
+    assert pools[0].free_blocks + sum(c.blocks_held for c in ours) + pools[0].reserved == pools[0].usable_blocks
+
+
+def test_what_a_batch_graph_does_not_take(tiny_files, prompts):
+    """Graphs off, a window, mixed loop counts, a pass that is not a plain decode step, or more
+    rows than the largest bucket: no runner, the step runs eagerly."""
+    backend = cuda_backend(graphs=True)
+    model = load_model(tiny_files["tiny-looped"], backend).model
+    pool = KVPool.for_model(model, 32 << 20)
+    caches = [model.new_cache(40, 2, pool=pool) for _ in range(3)]
+
+    def steps(loops=(2, 2, 2), **change):
+        return [Pass(**{**dict(cache=c, positions=np.array([0]), write_row=0, iterations=n, tokens=[1],
+                               coda=model.coda_base(n), head="all"), **change}) for c, n in zip(caches, loops)]
+    assert backend.batch_decode_runner(model, steps()) is not None
+    assert backend.batch_decode_runner(model, steps(loops=(2, 3, 2))) is None
+    assert backend.batch_decode_runner(model, steps(head="last")) is None
+    assert backend.batch_decode_runner(model, steps()[:1]) is None
+    windowed = [model.new_cache(400, 2, window=64, pool=pool) for _ in range(2)]
+    assert backend.batch_decode_runner(model, [decode_pass(model, c, 1, 0, 2) for c in windowed]) is None
+    many = [decode_pass(model, caches[0], 1, 0, 2)] * (BATCH_BUCKETS[-1] + 1)
+    assert backend.batch_decode_runner(model, many) is None
+    backend.graphs = False
+    assert backend.batch_decode_runner(model, steps()) is None
+
+
+def test_a_replayed_decode_step_embeds_learned_positions_from_its_positions(tiny_files):
+    """The one-request decode graph on a learned-position model (tiny-looped-gpt): the position
+    embedding reads the step's positions input (it read the token ids before), so every
+    replayed step equals a plain forward bit for bit."""
+    captured = load_model(tiny_files["tiny-looped-gpt"], cuda_backend(graphs=True)).model
+    plain = load_model(tiny_files["tiny-looped-gpt"], cuda_backend(graphs=False)).model
+    loops, prompt = 2, [5, 9, 14, 3]
+    caches = [m.new_cache(20, loops) for m in (captured, plain)]
+    for m, cache in zip((captured, plain), caches):
+        prefill(m, prompt, cache, loops)
+    token = 7
+    for position in range(len(prompt), len(prompt) + 5):
+        ours = captured.backend.to_host(captured.decode(token, position, caches[0], loops))
+        theirs = plain.backend.to_host(plain.forward([token], [position], caches[1], loops))
+        assert bits_equal(ours, theirs), position
+        token = int(np.argmax(theirs))
+    assert captured.backend._graph.replay is not None
