@@ -215,7 +215,9 @@ def chi_square_ok(observed: dict, expected: dict, n: int) -> tuple[bool, float, 
 
 @pytest.mark.parametrize("branches, sampling", [
     (1, SamplingParams(temperature=1.0, top_k=3)),
-    (3, SamplingParams(temperature=0.9, top_k=3, top_p=0.95, repetition_penalty=1.3)),
+    # the tree case takes ~30 s: in the -m slow run (CI runs both), to keep the default suite near 10 min
+    pytest.param(3, SamplingParams(temperature=0.9, top_k=3, top_p=0.95, repetition_penalty=1.3),
+                 marks=pytest.mark.slow),
 ])
 def test_speculative_sampling_has_plain_samplings_distribution(tiny, branches, sampling):
     """The first three tokens' joint distribution (27 cells) over 1,500 seeds against the

@@ -95,18 +95,19 @@ def plan_passes(model, passes: list) -> None:
 
 def run_passes(model, passes: list, planned: bool = False) -> None:
     """Run every pass, their rows together where the layers allow; results land on the passes.
-    planned: every pass has its plan already (a captured batch makes them: backends/cuda/graphs.py).
-    Several plain decode steps go through the backend's batch runner where it has one (a CUDA
-    graph replayed per batch-size bucket: the same kernels, the same bits)."""
+    planned: every pass has its plan already (a captured batch makes them: backends/cuda/graphs.py),
+    and runs through the batched code even alone. Plain decode steps go through the backend's
+    batch runner where it has one (a CUDA graph replayed per batch-size bucket, one request's
+    step too: the same kernels, the same bits)."""
     if not passes:
-        return
-    if len(passes) == 1:
-        _run_alone(model, passes[0])
         return
     if not planned:
         runner = model.backend.batch_decode_runner(model, passes)
         if runner is not None:
             runner(passes)
+            return
+        if len(passes) == 1:
+            _run_alone(model, passes[0])
             return
         plan_passes(model, passes)
     states = {}                                       # id(pass) -> [hidden, injected, iterations run]

@@ -342,10 +342,14 @@ class CudaBackend(Backend):
         return packed_bytes_per_row(mode, n_kv, head_dim)
 
     def kv_write(self, storage: DeviceView, slot, plan, keys, values, rope=False):
+        if self._static_batch is not None:   # a captured batch (of one): every table from its inputs
+            return self.kv_write_parts(keys, values, [(0, keys.shape[0], storage, slot, plan)], plan.prepared, rope)
         kv.kv_write(self._module("kv"), storage, slot, self.device_plan(plan).write_rows, keys, values,
                     plan.rotation if rope else None)
 
     def attention(self, q, storage: DeviceView, slot, plan, scale, rope=False):
+        if self._static_batch is not None:
+            return self.attention_parts(q, [(0, q.shape[0], storage, slot, plan)], scale, plan.prepared, rope)
         d = self.device_plan(plan)
         out = self._empty(q.shape)
         scratch = counters = None            # a prefill's partials: the launcher sizes them, two launches
@@ -387,7 +391,7 @@ class CudaBackend(Backend):
     def _batch_layout(self, parts: list, holder: dict) -> BatchLayout | None:
         """The stacked rows of these parts (batch.py), made once per forward; None: launch each
         part on its own."""
-        if not batchable(parts):
+        if not batchable(parts, alone=self._static_batch is not None):
             return None
         key = ("batch layout", tuple(id(plan) for *_, plan in parts))
         layout = holder.get(key)

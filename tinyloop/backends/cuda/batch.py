@@ -75,10 +75,11 @@ def geometry_of(plan) -> tuple[int, int]:
     return (g.window, g.ring // ATTENTION_BLOCK if g.ring else 0) if g else (0, 0)
 
 
-def batchable(parts: list) -> bool:
-    """Whether parts [(start, stop, storage, slot, plan)] can share one launch: more than one,
-    one pool, one geometry, no draft tree, stacked in order."""
-    if len(parts) < 2:
+def batchable(parts: list, alone: bool = False) -> bool:
+    """Whether parts [(start, stop, storage, slot, plan)] can share one launch: more than one
+    (alone: one is enough, for a captured batch of one), one pool, one geometry, no draft tree,
+    stacked in order."""
+    if len(parts) < (1 if alone else 2):
         return False
     pool, geometry = parts[0][2].pool, geometry_of(parts[0][4])
     start = 0

@@ -73,6 +73,11 @@ class CupyDevice:
         with self._ordered_graph_stream():
             buffer.set(np.asarray(values, np.int32))
 
+    def wait_for_uploads(self) -> None:
+        """The current stream waits for what upload_ints and copy_into queued on the graph stream
+        (an eager step that reads a graph's inputs: a batch graph's warm-up)."""
+        self.xp.cuda.get_current_stream().wait_event(self._graph_stream().record())
+
     def copy_into(self, target, source) -> None:
         """target[...] = source on the device, on the stream graphs replay on, after the work
         that produced source (a draft forward on the current stream)."""

@@ -1,5 +1,6 @@
-"""Steps captured once as CUDA graphs and replayed: the decode step per token, and the
-speculative verify pass per draft-tree size.
+"""Steps captured once as CUDA graphs and replayed: decode steps per batch-size bucket
+(BatchDecodeGraph, shared by every request: the end of this file), one request's decode step
+on a windowed cache (DecodeGraph), and the speculative verify pass per draft-tree size.
 
 A decode step launches a few hundred small kernels (34 layer instances x ~10 for
 doc-407m at 8 loops): from Python each launch costs microseconds of host time, more
@@ -190,7 +191,7 @@ class VerifyGraph:
         return np.concatenate(parts)
 
 
-BATCH_BUCKETS = (2, 4, 8, 16, 32)     # batch sizes a graph is captured for; a batch runs in the smallest that holds it
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # batch sizes a graph is captured for; a batch runs in the smallest that holds it
 MAX_BATCH_GRAPHS = 16                 # kept at once, least recently used dropped (each holds its arena)
 
 
@@ -272,6 +273,7 @@ class BatchDecodeGraph:
         run = lambda: self._forward(caches, tokens, positions, write_rows)     # noqa: E731
         with self.backend.static_batch(self.inputs):
             if self.steps == 1:                  # warm-up: compile and load, size the arena
+                device.wait_for_uploads()        # it runs on the current stream, the inputs came on the graph's
                 logits, self.arena_bytes = device.measure(run)
             elif self.replay is None:
                 self.replay, self.logits = device.capture(run, self.arena_bytes)
@@ -334,7 +336,7 @@ class BatchDecodeGraphs:
     def runner(self, model, passes: list):
         """The graph for these passes, or None: they are not all plain decode steps of one loop
         count on full caches of one pool, or more than the largest bucket (they then run eagerly)."""
-        if not 2 <= len(passes) <= BATCH_BUCKETS[-1] or model.config.initial_state == "random":
+        if not 1 <= len(passes) <= BATCH_BUCKETS[-1] or model.config.initial_state == "random":
             return None
         loops = passes[0].iterations
         pool = passes[0].cache.pool
