@@ -246,7 +246,8 @@ def attention_shared(s: dict, sass: dict | None) -> int:
     return attention_launch.shared_bytes(s["heads"] // s["kv"], s["hd"], 1, 2 if staged else 1)
 
 
-def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False) -> list[dict]:
+def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False,
+                 requests: bool = False) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
     argmax: a few KiB each) count at full bandwidth: their launch is their cost.
@@ -256,7 +257,10 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     HBM's rate); attention runs 16 queries' blocks, each reading its keys and values (from L2
     after the first, counted likewise): both pessimistic where L2 serves faster than HBM.
 
-    mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once."""
+    mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once.
+    requests: the rows are `rows` requests' decode steps, each at CONTEXT tokens of its own cache
+    (a batch graph, backends/cuda/batch.py): attention reads every row's keys and values, one
+    query a block."""
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
@@ -285,7 +289,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             nbytes *= -(-rows // 8)                                   # one read per 8-row chunk
         elif name.startswith("attention_fp16"):
             loop = hot_loop("attention_fp16", 1, sass)
-            shares = queries_share_blocks()
+            shares = queries_share_blocks() and not requests
             blocks_launched = s["kv"] * (CONTEXT // 256) * (1 if shares else rows)
             if loop:
                 detail = expected_fraction(loop, resident_warps("attention_fp16", 128, attention_shared(s, sass)),
@@ -343,6 +347,14 @@ def latency_table(sass: dict | None = None) -> str:
                                  f"{r['us'] * r['calls']:.1f} |")
             lines += ["", f"Step {mma_total:.0f} us ({1e6 / mma_total:,.0f} tok/s); over 16 rows "
                       f"{mma_verify:,.0f} us, {mma_verify / mma_total:.2f}x the 1-row step.", ""]
+        lines += ["16 requests decoding together (a batch graph: each at its own "
+                  f"{CONTEXT}-token cache, attention reading each one's keys and values):", ""]
+        for label, mma in (("default", False), ("`TINYLOOP_CUDA_MMA_ROWS=1`", True)):
+            one = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, mma=mma))
+            batch = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, rows=16, mma=mma, requests=True))
+            lines.append(f"- {label}: a step {batch:,.0f} us, {16e6 / batch:,.0f} tok/s in all, "
+                         f"{16 * one / batch:.1f}x one request's")
+        lines.append("")
     return "\n".join(lines)
 
 
