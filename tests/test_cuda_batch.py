@@ -220,25 +220,35 @@ def test_a_batched_step_launches_one_kv_write_and_one_attention_per_layer(tiny_f
 
 
 @pytest.mark.parametrize("preset", ["tiny-looped", "tiny-looped-gpt"])
-def test_batches_of_decode_steps_replay_one_graph_per_bucket_across_requests(tiny_files, prompts, preset):
+def test_batches_of_decode_steps_replay_one_graph_per_bucket_across_requests(tiny_files, preset):
     """Requests join and leave a decoding batch (1, 2, 3, 4, 3, then 1 rows: buckets 1, 2 and 4,
-    the 3-row steps padded); every step's logits equal each request's plain forward alone, bit
-    for bit. A bucket's graph is captured once and replayed for later steps, and newcomers at
-    other positions reuse it (the 3-row graph after two requests finish; the 1-row graph of the
-    first request by the last): what changes lives in the graph's inputs (tokens, positions,
-    write rows, block tables), and on the CPU a replay re-runs the step with its first values
-    frozen, so anything read from the host would be stale. Learned positions (tiny-looped-gpt)
+    the 3-row steps padded), their caches 2 to 5 blocks wide, three of them crossing a 64-row
+    block edge (a block taken between replays); every step's logits equal each request's plain
+    forward alone, bit for bit. A graph is captured once per bucket and table width and replayed
+    for later steps, and newcomers reuse it (the 4-row graph by a 3-row step after two requests
+    finish; the first request's 1-row graph by the last): what changes lives in the graph's
+    inputs (tokens, positions, write rows, block tables). On the CPU a replay re-runs the step
+    with its first values frozen, so anything read from the host would be stale, and a released
+    cache that a replay touched would hold blocks again. Learned positions (tiny-looped-gpt)
     come from the inputs' positions, not its tokens."""
     backend = cuda_backend(graphs=True)
     model = load_model(tiny_files[preset], backend).model
     plain = load_model(tiny_files[preset], cuda_backend(graphs=False)).model
     loops = 2
+    rng = np.random.default_rng(21)
+    prompts = [[int(t) for t in rng.integers(3, 200, n)] for n in (58, 12, 60, 9, 60)]
+    capacities = (200, 100, 300, 90, 200)                      # 4, 2, 5, 2 and 4 blocks a slot
     pools = [KVPool.for_model(m, 32 << 20) for m in (model, plain)]
-    ours, tokens = started(model, prompts, loops, pools[0])
-    theirs, _ = started(plain, prompts, loops, pools[1])
+    ours, theirs, tokens = [], [], []
+    for prompt, capacity in zip(prompts, capacities):
+        (cache,), (token,) = started(model, [prompt], loops, pools[0], capacity)
+        (mirror,), _ = started(plain, [prompt], loops, pools[1], capacity)
+        ours.append(cache), theirs.append(mirror), tokens.append(token)
     positions = [len(p) for p in prompts]
     schedule = [[0]] * 3 + [[0, 1]] * 3 + [[0, 1, 2]] * 3 + [[0, 1, 2, 3]] * 3 + [[2, 3, 4]] * 4 + [[4]] * 3
     for step, running in enumerate(schedule):
+        if step == 12:                                          # 0 and 1 are done: their blocks go back
+            ours[0].release(), ours[1].release()
         passes = [decode_pass(model, ours[i], tokens[i], positions[i], loops) for i in running]
         run_passes(model, passes)
         for i, p in zip(running, passes):
@@ -246,12 +256,27 @@ def test_batches_of_decode_steps_replay_one_graph_per_bucket_across_requests(tin
             assert bits_equal(backend.to_host(p.logits), want), (step, i)
             assert p.iterations_run == loops
             tokens[i], positions[i] = int(np.argmax(want)), positions[i] + 1
-    graphs = {key[2]: g for key, g in backend._batch_graphs.graphs.items()}
-    assert sorted(graphs) == [1, 2, 4]
-    assert graphs[1].steps == 6 and graphs[2].steps == 3 and graphs[4].steps == 10
-    assert graphs[1].replay is not None and graphs[4].replay is not None
+    assert min(positions[0], positions[2], positions[4]) > 64
+    graphs = {(key[2], key[4]): g for key, g in backend._batch_graphs.graphs.items()}   # (bucket, width)
+    assert sorted(graphs) == [(1, 4), (2, 4), (4, 8)]
+    assert graphs[1, 4].steps == 6 and graphs[2, 4].steps == 3 and graphs[4, 8].steps == 10
+    assert all(g.replay is not None for g in graphs.values())
     assert backend._graph is None                  # the one-request decode graph was never needed
-    assert pools[0].free_blocks + sum(c.blocks_held for c in ours) + pools[0].reserved == pools[0].usable_blocks
+    assert ours[0].blocks_held == ours[1].blocks_held == 0
+    held = sum(c.blocks_held for c in ours)
+    assert pools[0].free_blocks + held + pools[0].reserved == pools[0].usable_blocks
+
+
+def test_a_cache_with_a_pool_of_its_own_keeps_the_one_request_graph(tiny_files):
+    """generate() without the engine's pool: its cache's pool is its own, so no batch graph (which
+    would keep that pool alive) is made for it; its decode steps replay the one-request graph."""
+    from tinyloop.engine.generate import GenerationRequest, generate
+    backend = cuda_backend(graphs=True)
+    model = load_model(tiny_files["tiny-looped"], backend).model
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False)).model
+    request = GenerationRequest([5, 17, 42, 9], max_tokens=6, loops=2, ignore_eos=True)
+    assert generate(model, request).tokens == generate(plain, request).tokens
+    assert not backend._batch_graphs.graphs and backend._graph.replay is not None
 
 
 def test_what_a_batch_graph_does_not_take(tiny_files, prompts):

@@ -77,6 +77,7 @@ class KVPool:
         self._free = list(range(1, self.n_blocks))
         self.reserved = 0                                        # promised to caches, not yet allocated
         self.prefix = None                                       # a PrefixCache (kv/prefix.py) or None
+        self.private = False                                     # one cache's own pool (kv/cache.py), not the engine's
 
     @classmethod
     def for_model(cls, model, nbytes: int, from_setting: bool = False) -> "KVPool":

@@ -83,15 +83,17 @@ class LoopedTransformer:
 
     # -- the plan of a forward ----------------------------------------------------------
     def plan(self, positions, write_row: int, cache: KVCache, exact: bool = True,
-             tree: TreeRows | None = None, step_buffers: bool = True) -> ForwardPlan:
+             tree: TreeRows | None = None, step_buffers: bool = True, allocate: bool = True) -> ForwardPlan:
         """Where T new tokens at `positions` go (consecutive virtual rows from write_row),
         what their queries read, and their RoPE rotations: once per forward. The cache takes
         pool blocks for the rows written. step_buffers: the exact plan's arrays are views of
         the model's StepBuffers (what a captured GPU step reads); False: arrays of its own
-        (several plans alive at once: model/batch.py)."""
+        (several plans alive at once: model/batch.py). allocate=False: the caller has taken the
+        blocks (a captured step, whose recorded plan must not allocate again)."""
         positions = np.asarray(positions, np.int64)
         cache.check_rows(write_row, positions.shape[0])
-        cache.ensure_rows(write_row, positions.shape[0])
+        if allocate:
+            cache.ensure_rows(write_row, positions.shape[0])
         plan = build_plan(positions, write_row, cache.geometry, exact, tree,
                           buffers=self.buffers if step_buffers else None)
         if self.rope is not None:

@@ -199,7 +199,9 @@ class CudaBackend(Backend):
         cached = getattr(plan, "device_values", None)
         if cached is not None:
             return cached
-        if self._static_batch is not None and self._static_part is not None:
+        if self._static_batch is not None:
+            if self._static_part is None:
+                raise ValueError("a plan made in a captured batch must belong to one of its parts")
             s, p = self._static_batch, self._static_part
             values = DevicePlan(s.positions[p:p + 1], s.rows[p:p + 1], *self._geometry(plan), NO_TREE, None, None, 0)
             plan.device_values = values
@@ -372,7 +374,10 @@ class CudaBackend(Backend):
                     tables=layout.tables([slot for _, _, _, slot, _ in parts]))
 
     def attention_parts(self, q, parts: list, scale: float, holder: dict, rope: bool = False):
-        layout = self._batch_layout(parts, holder)
+        # a part of several rows (a prefill chunk, a verify) keeps its own launch, whose blocks
+        # serve up to 16 of its queries each; per-token tables serve one query a block
+        several = any(stop - start > 1 for start, stop, *_ in parts)
+        layout = None if several and self._static_batch is None else self._batch_layout(parts, holder)
         if layout is None:
             return super().attention_parts(q, parts, scale, holder, rope)
         storage = parts[0][2]
@@ -392,6 +397,8 @@ class CudaBackend(Backend):
         """The stacked rows of these parts (batch.py), made once per forward; None: launch each
         part on its own."""
         if not batchable(parts, alone=self._static_batch is not None):
+            if self._static_batch is not None:      # kv_write / attention would come back here
+                raise ValueError("a captured batch's layer call cannot be launched part by part")
             return None
         key = ("batch layout", tuple(id(plan) for *_, plan in parts))
         layout = holder.get(key)

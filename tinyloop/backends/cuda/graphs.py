@@ -293,8 +293,9 @@ class BatchDecodeGraph:
         passes = [Pass(cache, np.array([position]), row, self.loops, tokens=np.array([token]), coda=coda, head="all")
                   for cache, token, position, row in zip(caches, tokens, positions, write_rows)]
         for i, p in enumerate(passes):
-            with backend.static_part(i):
-                p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False)
+            with backend.static_part(i):         # blocks were allocated in __call__, not on a replay
+                p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False, allocate=True) if False else model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False,
+                                    allocate=False)
         run_passes(model, passes, planned=True)
         return backend.xp.concatenate([p.logits for p in passes])
 
@@ -335,11 +336,16 @@ class BatchDecodeGraphs:
 
     def runner(self, model, passes: list):
         """The graph for these passes, or None: they are not all plain decode steps of one loop
-        count on full caches of one pool, or more than the largest bucket (they then run eagerly)."""
+        count on full caches of one shared pool, or more than the largest bucket (they then run
+        eagerly). A cache with a pool of its own (model.new_cache without the engine's pool: the
+        Python API's generate) is left to the one-request decode graph, which goes with its cache:
+        a graph here keeps its pool alive until it is dropped."""
         if not 1 <= len(passes) <= BATCH_BUCKETS[-1] or model.config.initial_state == "random":
             return None
         loops = passes[0].iterations
         pool = passes[0].cache.pool
+        if pool.private:
+            return None
         for p in passes:
             if not (p.is_plain_decode and p.iterations == loops and p.coda == model.coda_base(loops)
                     and p.cache.pool is pool and p.cache.window == 0 and p.cache.ring is None):
