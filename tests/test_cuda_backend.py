@@ -49,7 +49,11 @@ class HarnessDevice:
             self._modules[name] = self._load(str(kernel_path(name)), order=self.order)
         return self._modules[name]
 
+    capturing = False                 # inside capture() or a replay: a transfer from the host is refused
+
     def asarray(self, host, dtype=None):
+        if self.capturing:            # as CuPy refuses an H2D copy while its stream captures a graph
+            raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
         return np.array(host, dtype=dtype)            # a copy, as a transfer to a device is
 
     def to_host(self, array):
@@ -74,11 +78,18 @@ class HarnessDevice:
         """What a CUDA graph does, as far as NumPy can: the step is recorded with the token
         and position of its capture, and a replay re-runs it, so any value that does not
         come from the step's device inputs is stale, as it would be in a replayed graph."""
-        result = step()
+        result = self._captured(step)
 
         def replay():
-            np.copyto(result, step())
+            np.copyto(result, self._captured(step))
         return replay, result
+
+    def _captured(self, step):
+        self.capturing = True
+        try:
+            return step()
+        finally:
+            self.capturing = False
 
 
 def cuda_backend(order: str = "id", graphs: bool = False, activations: str = "fp32", mma_rows: bool = False):

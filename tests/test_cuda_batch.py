@@ -320,3 +320,28 @@ def test_a_replayed_decode_step_embeds_learned_positions_from_its_positions(tiny
         assert bits_equal(ours, theirs), position
         token = int(np.argmax(theirs))
     assert captured.backend._graph.replay is not None
+
+
+def test_rows_split_from_one_array_join_back_without_a_copy():
+    """concat_rows: consecutive row ranges of one array come back as a view of it (what a batched
+    forward splits per pass and stacks again); anything else is copied, as np.concatenate does."""
+    from tinyloop.backends.rows import adjacent_rows, concat_rows
+    base = np.arange(40, dtype=F).reshape(10, 4)
+    pieces = [base[1:3], base[3:4], base[4:8]]
+    joined = concat_rows(pieces)
+    assert np.shares_memory(joined, base) and np.array_equal(joined, base[1:8])
+    for parts in ([base[1:3], base[4:8]], [base[3:4], base[1:3]], [base[:, :2], base[:, 2:]],
+                  [base[1:3], np.arange(8, dtype=F).reshape(2, 4)]):
+        assert adjacent_rows(parts) is None
+        assert np.array_equal(concat_rows(parts), np.concatenate(parts))
+
+
+def test_one_kv_head_takes_any_stride_on_its_head_axis():
+    """A model with one KV head: CuPy gives a size-1 axis the token stride, NumPy hd floats; the
+    KV write takes either (a GPU run refused CuPy's before)."""
+    fused = np.zeros((5, 3 * 16 + 3), F)
+    keys = np.lib.stride_tricks.as_strided(fused[:, 16:32], (5, 1, 16), (fused.strides[0], fused.strides[0], 4))
+    assert kv_launch._token_stride(keys, 1, 16) == fused.shape[1]
+    with pytest.raises(ValueError, match="heads packed"):
+        kv_launch._token_stride(np.lib.stride_tricks.as_strided(fused[:, :32], (5, 2, 16),
+                                                                (fused.strides[0], 8, 4)), 2, 16)

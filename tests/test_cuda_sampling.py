@@ -67,7 +67,7 @@ def test_top_k_256k_vocab(kernel_device):
     check_top_k(kernel_device, tied_logits(np.random.default_rng(9), 4, 262144), 64)
 
 
-@pytest.mark.parametrize("threads", [32, 1024])
+@pytest.mark.parametrize("threads", [32, 512])       # 512: the kernel's __launch_bounds__ (a GPU refuses more)
 def test_top_k_result_is_free_of_block_size(kernel_device, threads):
     logits = tied_logits(np.random.default_rng(threads), 4, 5000)
     ids = kernel_device.empty((4, 40), np.int32)

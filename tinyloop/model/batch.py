@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tinyloop.backends.rows import concat_rows
 from tinyloop.model.plan import ForwardPlan, LayerPart, Rows, TreeRows
 from tinyloop.model.state import initial_state
 from tinyloop.model.transformer import Trunk
@@ -72,10 +73,7 @@ class Pass:
 
 
 def _concat(arrays):
-    if len(arrays) == 1:
-        return arrays[0]
-    xp = np if isinstance(arrays[0], np.ndarray) else __import__("cupy")
-    return xp.concatenate(arrays)
+    return concat_rows(arrays)           # a view where the rows lie together (split from one call)
 
 
 def _split(x, sizes):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tinyloop.backends.base import Backend, check_activations
+from tinyloop.backends.rows import concat_rows
 from tinyloop.backends.reference.positions import rope_table
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout
@@ -413,7 +414,7 @@ class CudaBackend(Backend):
     def _stacked_rotation(self, layout: BatchLayout, parts: list):
         """Every part's RoPE rows (T, hd/2), stacked once per layout."""
         if layout.rotation is None:
-            layout.rotation = self.xp.ascontiguousarray(self.xp.concatenate([plan.rotation for *_, plan in parts]))
+            layout.rotation = self.xp.ascontiguousarray(concat_rows([plan.rotation for *_, plan in parts]))
         return layout.rotation
 
     def _counters(self, n: int, n_kv: int):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.backends.rows import concat_rows
 from tinyloop.env import env_flag
 from tinyloop.limits import ATTENTION_BLOCK
 from tinyloop.model.plan import build_plan
@@ -297,7 +298,7 @@ class BatchDecodeGraph:
                 p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False, allocate=True) if False else model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False,
                                     allocate=False)
         run_passes(model, passes, planned=True)
-        return backend.xp.concatenate([p.logits for p in passes])
+        return concat_rows([p.logits for p in passes])      # the head's one output, split per pass
 
 
 class PaddingCache:

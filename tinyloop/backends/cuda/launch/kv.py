@@ -135,8 +135,9 @@ def _row_bytes(array) -> int:
 def _token_stride(x, n_kv: int, head_dim: int) -> int:
     """x: (T, n_kv, hd) float32, heads packed, any token stride (a view of the fused qkv
     output) -> the token stride in floats."""
+    # a head axis of one has no stride to keep (CuPy gives it the token stride, NumPy hd floats)
     if (x.dtype != np.float32 or x.ndim != 3 or x.shape[1:] != (n_kv, head_dim) or x.strides[2] != 4
-            or x.strides[1] != 4 * head_dim):
+            or (n_kv > 1 and x.strides[1] != 4 * head_dim)):
         raise ValueError(f"expected (T, {n_kv}, {head_dim}) float32 with heads packed, got {x.dtype} "
                          f"shape {x.shape} strides {x.strides}")
     return x.strides[0] // 4
