@@ -102,6 +102,10 @@ top_k_rows(const float* logits, int T, int V, int k, int* out_ids, float* out_va
     __shared__ unsigned long long picked[TL_TOPK_MAX];
     __shared__ unsigned choice[3];                        // bucket, rank left, bucket count
     __shared__ unsigned n_picked;
+    // Set before the first pass's barriers: after the passes another warp may still be reading
+    // choice[], which the compiler loads with n_picked in one 16-byte load (racecheck on an
+    // H200 flagged the write there against that read).
+    if (threadIdx.x == 0) n_picked = 0u;
     const float* row = logits + (long long)blockIdx.x * V;
     const int lane = threadIdx.x & 31;
     int id_bits = 0;
@@ -159,7 +163,6 @@ top_k_rows(const float* logits, int T, int V, int k, int* out_ids, float* out_va
         if (choice[2] == wanted) break;
     }
 
-    if (threadIdx.x == 0) n_picked = 0u;
     __syncthreads();
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
         unsigned long long key = tl_rank_key(row[i], i);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared command for a machine with an NVIDIA GPU. Each stage has its own time
-# limit (500 s in all: the 8 minutes the check is allowed), inside a 10-minute device call with room
-# for the wheel install.
+# limit (610 s in all; on an H200 on 2026-12-04 the stages took 260 s with the exactness stage cut at
+# its then 70 s limit, so about 6 minutes in all), inside a 10-minute device call with room for the
+# wheel install.
 #
 #   bash scripts/gpu_check.sh [REPORT_DIR]        # default: $OUT if set, else ./gpu_report
 #
@@ -71,11 +72,11 @@ for tool in memcheck racecheck synccheck initcheck; do
         grep -q "Device not supported" /tmp/sanitize.log && { echo "compute-sanitizer refuses this device"; exit 3; }
         exit $rc' "$SANITIZE_TESTS"
 done
-stage backend 90 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m "not deploy" \
+stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m "not deploy" \
     tests/test_cuda_backend.py tests/test_cuda_batch.py "tests/test_hf_import.py::test_the_cuda_backend_matches_the_reference_too" \
     tests/test_activations.py \
     --junitxml "$REPORT/backend.xml"
-stage exactness 70 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
+stage exactness 150 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml"
 stage bench 110 python3 scripts/bench_gpu.py --quick --out "$REPORT"
 stage tinyloop_bench 30 python3 -m tinyloop bench preset:tiny-looped --device cuda --quick --no-http \

@@ -24,6 +24,20 @@ def bits_equal(a, b) -> bool:
     return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
 
 
+def device_bits_equal(device, got, want) -> bool:
+    """bits_equal, but for what a GPU does differently by design: CuPy compiles every kernel with
+    -ftz=true, so a subnormal result is a zero of its sign there, and its NaNs carry the canonical
+    payload (seen on an H200). On the CPU harness every bit must match."""
+    if not getattr(device, "is_gpu", False):
+        return bits_equal(got, want)
+    got, want = np.asarray(got, F), np.asarray(want, F)
+    subnormal = (want != 0) & (np.abs(want) < np.finfo(F).tiny)
+    want = np.where(subnormal, np.copysign(F(0), want), want).astype(F)
+    nan = np.isnan(want)
+    return (np.array_equal(nan, np.isnan(got))
+            and np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)))
+
+
 def test_embed_rows(kernel_device):
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 300)).astype(F)
@@ -137,7 +151,7 @@ def test_gelu_tanh(kernel_device):
     device_x = kernel_device.asarray(x)
     launch.gelu(kernel_device.module("elementwise"), device_x, device_x)   # in place
     got = kernel_device.to_host(device_x)
-    assert bits_equal(got, twin.gelu_tanh(x))
+    assert device_bits_equal(kernel_device, got, twin.gelu_tanh(x))
     with np.errstate(over="ignore", invalid="ignore"):
         reference = activations.gelu_tanh(x)
     # 1 + tanh(u) near u = -inf cancels in both: absolute error ~ |x| * 2^-24.
