@@ -345,3 +345,23 @@ def test_one_kv_head_takes_any_stride_on_its_head_axis():
     with pytest.raises(ValueError, match="heads packed"):
         kv_launch._token_stride(np.lib.stride_tricks.as_strided(fused[:, :32], (5, 2, 16),
                                                                 (fused.strides[0], 8, 4)), 2, 16)
+
+
+def test_a_random_mix_with_graphs_on_gives_each_request_its_alone_tokens(tiny_files):
+    """The engine's loop (test_batching.run_mix: random joins, random steps deferred, prefill
+    chunks beside decode steps) on the CUDA backend with graphs on: steps of decode rows only
+    replay batch graphs, the others run eagerly; every request's tokens and logprobs are what it
+    gets alone, and every pool block comes back."""
+    from test_batching import outcome, run_mix
+    from tinyloop.engine.generate import GenerationRequest, generate
+    backend = cuda_backend(graphs=True)
+    model = load_model(tiny_files["tiny-looped"], backend).model
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False)).model
+    rng = np.random.default_rng(11)
+    requests = [GenerationRequest([int(t) for t in rng.integers(3, 200, int(rng.integers(2, 24)))],
+                                  max_tokens=int(rng.integers(5, 9)), loops=2, ignore_eos=True, top_logprobs=2)
+                for _ in range(4)]
+    alone = [outcome(generate(plain, r, prefill_chunk=16)) for r in requests]
+    together = run_mix(model, requests, None, np.random.default_rng(2), [0, 0, 1, 3], 16)
+    assert together == alone
+    assert any(g.replay is not None for g in backend._batch_graphs.graphs.values())
