@@ -22,8 +22,8 @@ and never brackets a single Python launch (whose host overhead would count as ke
 - **Batches of decode steps as graphs** (graphs.BatchDecodeGraph): B requests at 1k context
   each, B = 1, 2, 4, 8, 16, one graph per batch replayed back to back: microseconds a step,
   aggregate tokens/s, and each against the one-request decode graph (graphs.DecodeGraph) on
-  the same cache: what batching buys when the weights are read once per step. The caches' rows are allocated, not
-  prefilled (a step's work does not depend on the values stored).
+  the same cache: what batching buys when the weights are read once per step. The caches'
+  rows are allocated, not prefilled (a step's work does not depend on the values stored).
 - Speculative (chain) and tree decoding tokens/s with acceptance (random weights:
   acceptance says little; the cost of a round is what is measured).
 

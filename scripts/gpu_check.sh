@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared command for a machine with an NVIDIA GPU. Each stage has its own time
-# limit (610 s in all; on an H200 on 2026-12-04 the stages took 260 s with the exactness stage cut at
-# its then 70 s limit, so about 6 minutes in all), inside a 10-minute device call with room for the
+# limit (610 s in all; on an H200 on 2026-12-04 the stages took 273 s with the exactness stage cut at
+# its then 70 s limit), inside a 10-minute device call with room for the
 # wheel install.
 #
 #   bash scripts/gpu_check.sh [REPORT_DIR]        # default: $OUT if set, else ./gpu_report

@@ -289,20 +289,22 @@ def test_tree_verify_equals_sequential_decode_on_cuda(tmp_path, case):
     check_tree_against_paths(model, rng, config, mode, window, max_plain_prompt=100)
 
 
-@pytest.mark.parametrize("mode,window,prompt_len,steps", [
-    ("fp16", 64, 150, 110),                                     # a ring buffer's wrap
-    ("fp16", 0, 250, 12),                                       # 256: a 64-key block edge and the chunk edge
-    pytest.param("int4-h", 64, 150, 110, marks=SLOW_ON_THE_HARNESS)])
-def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, mode, window, prompt_len, steps):
+@pytest.mark.parametrize("preset,mode,window,prompt_len,steps", [
+    ("tiny-looped", "fp16", 64, 150, 110),                      # a ring buffer's wrap
+    ("tiny-looped", "fp16", 0, 250, 12),                        # 256: a 64-key block edge and the chunk edge
+    ("tiny-looped-gpt", "fp16", 0, 4, 5),                       # learned positions: the step's positions input
+    pytest.param("tiny-looped", "int4-h", 64, 150, 110, marks=SLOW_ON_THE_HARNESS)])
+def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, preset, mode, window, prompt_len, steps):
     """Graph-captured decode (graphs.py): the first step warms up, the second is captured
     with its token and position frozen, later steps replay it with new values in the step's
     device inputs. Every step's logits equal a plain forward's bit for bit, across a ring
     buffer's wrap, and without a window across position 256 (a 64-key block edge and the
     256-key edge of attention's chunks), so nothing the kernels read comes from the frozen host
-    values. (On the CPU a replay re-runs the step; scripts/gpu_check.sh runs it on a GPU,
-    where it is a real graph replay.)"""
-    captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True), kv_mode=mode).model
-    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=False), kv_mode=mode).model
+    values; on a learned-position model the position embedding reads the step's positions
+    input (it once read the token ids). (On the CPU a replay re-runs the step;
+    scripts/gpu_check.sh runs it on a GPU, where it is a real graph replay.)"""
+    captured = load_model(tiny_files[preset], cuda_backend(graphs=True), kv_mode=mode).model
+    plain = load_model(tiny_files[preset], cuda_backend(graphs=False), kv_mode=mode).model
     loops, prompt = 2, [int(t) for t in np.random.default_rng(5).integers(3, 500, prompt_len)]
     caches = [m.new_cache(len(prompt) + steps + 10, loops, window=window) for m in (captured, plain)]
     for model, cache in zip((captured, plain), caches):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _address(array) -> int:
-    data = getattr(array, "data", None)
-    return int(data.ptr) if hasattr(data, "ptr") else int(array.__array_interface__["data"][0])
+from tinyloop.backends.cuda.launch.attention import address as _address     # CuPy's pointer or NumPy's
 
 
 def adjacent_rows(arrays: list):

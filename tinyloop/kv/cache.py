@@ -64,8 +64,7 @@ class KVCache:
         self.ring = self.rows if self.rows < round_up(capacity) else None
         n_blocks = self.rows // ATTENTION_BLOCK
         if pool is None:
-            pool = KVPool(backend, mode, n_kv_heads, head_dim, n_blocks=n_slots * n_blocks + 1)
-            pool.private = True
+            pool = KVPool(backend, mode, n_kv_heads, head_dim, n_blocks=n_slots * n_blocks + 1, private=True)
         elif (pool.mode, pool.n_kv, pool.head_dim) != (mode, n_kv_heads, head_dim):
             raise ValueError(f"a {mode} cache of {n_kv_heads} x {head_dim} from a {pool.mode} pool of "
                              f"{pool.n_kv} x {pool.head_dim}")

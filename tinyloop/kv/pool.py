@@ -58,9 +58,10 @@ class PoolFull(RequestError):
 
 class KVPool:
     def __init__(self, backend, mode: str, n_kv: int, head_dim: int, nbytes: int | None = None,
-                 n_blocks: int | None = None, from_setting: bool = False):
+                 n_blocks: int | None = None, from_setting: bool = False, private: bool = False):
         """nbytes: the budget (blocks = nbytes // block bytes), or n_blocks directly (a
-        private pool for one cache, tests); from_setting: the size came from TINYLOOP_KV_BUDGET_MB."""
+        private pool for one cache, tests); from_setting: the size came from TINYLOOP_KV_BUDGET_MB;
+        private: the pool of one cache made without the engine's (kv/cache.py)."""
         self.backend, self.mode, self.n_kv, self.head_dim = backend, mode, n_kv, head_dim
         self.block_bytes = ATTENTION_BLOCK * backend.kv_bytes_per_row(mode, n_kv, head_dim)
         if n_blocks is None:
@@ -77,7 +78,7 @@ class KVPool:
         self._free = list(range(1, self.n_blocks))
         self.reserved = 0                                        # promised to caches, not yet allocated
         self.prefix = None                                       # a PrefixCache (kv/prefix.py) or None
-        self.private = False                                     # one cache's own pool (kv/cache.py), not the engine's
+        self.private = private                                   # one cache's own pool (kv/cache.py), not the engine's
 
     @classmethod
     def for_model(cls, model, nbytes: int, from_setting: bool = False) -> "KVPool":

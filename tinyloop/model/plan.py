@@ -107,6 +107,11 @@ class ForwardPlan:
     def n_tokens(self) -> int:
         return self.positions.shape[0]
 
+    def write_row_ids(self) -> np.ndarray:
+        """The physical rows of the new tokens as a (T,) int array (write_rows may be a slice)."""
+        rows = self.write_rows
+        return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows, np.int64)
+
 
 class StepBuffers:
     """Preallocated per-step inputs of the exact path (at most MAX_FORWARD_ROWS rows): the

@@ -34,7 +34,7 @@ from tinyloop.backends.base import Backend, check_activations
 from tinyloop.backends.rows import concat_rows
 from tinyloop.backends.reference.positions import rope_table
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
-from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout
+from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout, geometry_of
 from tinyloop.backends.cuda.graphs import BatchDecodeGraphs, DecodeGraph, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
@@ -205,24 +205,21 @@ class CudaBackend(Backend):
             if self._static_part is None:
                 raise ValueError("a plan made in a captured batch must belong to one of its parts")
             s, p = self._static_batch, self._static_part
-            values = DevicePlan(s.positions[p:p + 1], s.rows[p:p + 1], *self._geometry(plan), NO_TREE, None, None, 0)
+            values = DevicePlan(s.positions[p:p + 1], s.rows[p:p + 1], *geometry_of(plan), NO_TREE, None, None, 0)
             plan.device_values = values
             return values
         if self._static is not None:
             s, a = self._static, plan.attention
             if s.tail is not None:                  # a captured tree verify: its tree is on the device
                 shared_end = a.shared_end if a is not None else NO_TREE
-                values = DevicePlan(s.positions, s.rows, *self._geometry(plan), shared_end, s.shared_end,
+                values = DevicePlan(s.positions, s.rows, *geometry_of(plan), shared_end, s.shared_end,
                                     s.tail, s.tail_len)
             else:
-                values = DevicePlan(s.positions, s.rows, *self._geometry(plan), NO_TREE, None, None, 0)
+                values = DevicePlan(s.positions, s.rows, *geometry_of(plan), NO_TREE, None, None, 0)
             plan.device_values = values
             return values
         n = plan.n_tokens
-        rows = plan.write_rows
-        if isinstance(rows, slice):
-            rows = np.arange(rows.start, rows.stop)
-        window, ring_blocks = self._geometry(plan)
+        window, ring_blocks = geometry_of(plan)
         tail, tail_len, shared_end, shared_end_dev = None, 0, NO_TREE, None
         a = plan.attention
         if a is not None and a.n_tail:
@@ -231,16 +228,10 @@ class CudaBackend(Backend):
             # one upload: shared_end, then the (T, tail_len) path rows
             both = self._ints(np.concatenate([[shared_end], np.asarray(a.tail_rows).ravel()]))
             shared_end_dev, tail = both[:1], both[1:].reshape(n, tail_len)
-        values = DevicePlan(self._ints(plan.positions), self._ints(rows), window, ring_blocks,
+        values = DevicePlan(self._ints(plan.positions), self._ints(plan.write_row_ids()), window, ring_blocks,
                             shared_end, shared_end_dev, tail, tail_len)
         plan.device_values = values
         return values
-
-    @staticmethod
-    def _geometry(plan) -> tuple[int, int]:
-        """(window, ring blocks) of the plan's cache."""
-        g = plan.geometry
-        return (g.window, g.ring // ATTENTION_BLOCK if g.ring else 0) if g else (0, 0)
 
     def embed(self, table, ids):
         return self._embed(table, ids, "tokens")
@@ -398,18 +389,18 @@ class CudaBackend(Backend):
     def _batch_layout(self, parts: list, holder: dict) -> BatchLayout | None:
         """The stacked rows of these parts (batch.py), made once per forward; None: launch each
         part on its own."""
+        key = ("batch layout", tuple(id(plan) for *_, plan in parts))
+        if key in holder:                           # asked by the KV write and attention of every layer
+            return holder[key]
         if not batchable(parts, alone=self._static_batch is not None):
             if self._static_batch is not None:      # kv_write / attention would come back here
                 raise ValueError("a captured batch's layer call cannot be launched part by part")
-            return None
-        key = ("batch layout", tuple(id(plan) for *_, plan in parts))
-        layout = holder.get(key)
-        if layout is None:
-            if self._static_batch is not None:
-                layout = self._static_batch.layout(len(parts))
-            else:
-                layout = build_layout(parts, self._ints)
-            holder[key] = layout
+            layout = None
+        elif self._static_batch is not None:
+            layout = self._static_batch.layout(len(parts))
+        else:
+            layout = build_layout(parts, self._ints)
+        holder[key] = layout
         return layout
 
     def _stacked_rotation(self, layout: BatchLayout, parts: list):

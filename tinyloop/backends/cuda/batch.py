@@ -107,7 +107,7 @@ def build_layout(parts: list, upload) -> BatchLayout:
     n_slots = max(s.table.shape[0] for s in storages)
     width = max(s.table.shape[1] for s in storages)
     positions = np.concatenate([np.asarray(plan.positions, np.int64) for plan in plans])
-    rows = np.concatenate([_write_rows(plan) for plan in plans])
+    rows = np.concatenate([plan.write_row_ids() for plan in plans])
     table = stacked_tables([s.table for s in storages], n_slots, width)
     n = positions.shape[0]
     values = upload(np.concatenate([positions, rows, table.reshape(-1)]))
@@ -115,8 +115,3 @@ def build_layout(parts: list, upload) -> BatchLayout:
     token_parts = np.repeat(np.arange(len(parts)), [stop - start for start, stop, *_ in parts])
     return BatchLayout(len(parts), n_slots, width, window, ring_blocks, values[:n], values[n:2 * n], values[2 * n:],
                        token_parts, upload)
-
-
-def _write_rows(plan) -> np.ndarray:
-    rows = plan.write_rows
-    return np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows, np.int64)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tinyloop.backends.cuda.batch import BatchLayout, stacked_tables
 from tinyloop.backends.rows import concat_rows
 from tinyloop.env import env_flag
 from tinyloop.limits import ATTENTION_BLOCK
@@ -178,9 +179,7 @@ class VerifyGraph:
         """The int32 values of StepInputs.values for this round, from the host plan."""
         positions = np.asarray(positions, np.int64)
         plan = build_plan(positions, write_row, self.cache.geometry, True, tree_rows)
-        rows = plan.write_rows
-        rows = np.arange(rows.start, rows.stop) if isinstance(rows, slice) else np.asarray(rows)
-        parts = [positions, rows]
+        parts = [positions, plan.write_row_ids()]
         if self.tree:
             a = plan.attention
             tail = np.zeros((self.n_rows, self.inputs.tail_len), np.int64)
@@ -225,7 +224,6 @@ class BatchInputs:
     def layout(self, n_parts: int):
         """batch.py's layout of a forward over these inputs (every layer call has all B parts,
         each at the same slot)."""
-        from tinyloop.backends.cuda.batch import BatchLayout
         if n_parts != self.n_rows:
             raise ValueError(f"a captured batch of {self.n_rows} rows cannot run a layer over {n_parts} parts")
         offsets = {(s,) * self.n_rows: self.offsets[s] for s in range(self.n_slots)}
@@ -243,21 +241,20 @@ class BatchDecodeGraph:
     padding's logits are dropped. Rows are row-invariant, so padding changes no bit of a
     request's row (tests/test_cuda_batch.py)."""
 
-    def __init__(self, backend, model, loops: int, n_rows: int, n_slots: int, width: int, scratch):
+    def __init__(self, backend, model, loops: int, n_rows: int, n_slots: int, width: int, padding):
         self.backend, self.model, self.loops, self.n_rows = backend, model, loops, n_rows
         self.inputs = BatchInputs.allocate(backend.device, n_rows, n_slots, width)
-        self.scratch = scratch                # PaddingCache: the padding rows' cache
+        self.padding = padding                # PaddingCache: the padding rows' cache
         self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
 
     def __call__(self, passes: list) -> None:
         """passes: at most B plain decode passes (model/batch.py Pass) of this loop count; each
         gets its logits (1, V) (a copy: the graph's buffer is rewritten by the next step) and
         iterations_run."""
-        from tinyloop.backends.cuda.batch import stacked_tables
         n, pad = len(passes), self.n_rows - len(passes)
         if not 0 < n <= self.n_rows:
             raise ValueError(f"a batch graph of {self.n_rows} rows cannot run {n} passes")
-        caches = [p.cache for p in passes] + [self.scratch] * pad
+        caches = [p.cache for p in passes] + [self.padding] * pad
         tokens = [int(np.asarray(p.tokens)[0]) for p in passes] + [0] * pad
         positions = [int(p.positions[0]) for p in passes] + [0] * pad
         write_rows = [int(p.write_row) for p in passes] + [0] * pad
@@ -295,7 +292,7 @@ class BatchDecodeGraph:
                   for cache, token, position, row in zip(caches, tokens, positions, write_rows)]
         for i, p in enumerate(passes):
             with backend.static_part(i):         # blocks were allocated in __call__, not on a replay
-                p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False, allocate=True) if False else model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False,
+                p.plan = model.plan(p.positions, p.write_row, p.cache, True, None, step_buffers=False,
                                     allocate=False)
         run_passes(model, passes, planned=True)
         return concat_rows([p.logits for p in passes])      # the head's one output, split per pass
@@ -356,7 +353,7 @@ class BatchDecodeGraphs:
         bucket = next(b for b in BATCH_BUCKETS if b >= len(passes))
         key = (id(model), loops, bucket, n_slots, width, id(pool))
         graph = self.graphs.pop(key, None)
-        if graph is None or graph.model is not model or graph.scratch.pool is not pool:
+        if graph is None or graph.model is not model or graph.padding.pool is not pool:
             padding = self.padding.get((id(pool), n_slots))
             if padding is None or padding.pool is not pool:
                 padding = self.padding[(id(pool), n_slots)] = PaddingCache(self.backend, pool, n_slots)
