@@ -48,8 +48,10 @@
 #include "attention_load.cuh"
 
 #define ATT_NEG_INF (-tl_inf())
-#define ATT_MERGE_BATCH 8    // chunks whose partials the merge loads at once
-#define ATT_CHUNK_BLOCKS 4   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
+#define ATT_MERGE_BATCH 16   // chunks whose partials the merge loads at once
+#ifndef ATT_CHUNK_BLOCKS              // (tests compile S = 4 too: several blocks a chunk)
+#define ATT_CHUNK_BLOCKS 1   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
+#endif
 
 // The query's first and last logical 64-key block (README geometry).
 __device__ __forceinline__ int att_lowest(int pos, int window) {

@@ -29,15 +29,20 @@
 // linear_rows_*: the exact path (decode, verify: 1..65 rows). One warp per output column;
 // lane l accumulates the column's words l, l+32, l+64, ... in that order, and within a
 // word its columns in order, with tl_mul/tl_add (one accumulator per row); then
-// tl_warp_sum; then the bias, then the residual. None of this depends on the number of rows, the row chunk a
-// row falls in, or the block: a row's result is the same bits in every launch.
+// tl_warp_sum; then the bias, then the residual. None of this depends on the number of rows,
+// the row chunk a row falls in, or the block: a row's result is the same bits in every launch.
 // Rows go through in register chunks of 8 (then 4, 2, 1 for the rest): the weights are
 // read from DRAM by the first chunk, and the later chunks' re-reads of the same column
-// (a few KiB per block) hit L1/L2. The inputs of a chunk are staged in shared memory,
-// one tile of up to 512 stored columns (128 words: 512 for int2/int4/int8, 256 for f16,
-// 128 for f32) at a time, already permuted and zero-padded, laid out slot-major so that
-// lane l reading word l is free of bank conflicts. Each lane loads its words of a tile
-// before the barrier, so the weight loads overlap the staging.
+// (a few KiB per block) hit L1/L2. A chunk's inputs are staged in shared memory already
+// permuted and zero-padded, LIN_STAGE_FLOATS (8,192) at a time: a decode row of up to 8,192
+// stored columns at once (one barrier pair for the whole call), an 8-row chunk 1,024 columns
+// a tile; a word's 4 (int4: 8) inputs of a row side by side, so a lane reads them with one
+// (two) 16-byte shared loads, free of bank conflicts. The weights stream in batches of 8
+// words a lane for a decode row (4 for 2 rows, 2 for more), each with its scale and min: a
+// tile's first batch is issued before the barrier, every later one while the batch before it
+// is summed, so a warp always has a batch in flight (a 1-row lane 8 words; the old tile loop
+// had at most 2 behind each barrier pair, and 16 barrier pairs on the down projection). A
+// word's group comes from a high multiply (linear_kinds.cuh group_magic), not a division.
 // Launch: block (256,), grid (ceil(n_out / 8), ceil(n_rows / rows_per_block)).
 //
 // linear_bulk_*: prefill, any number of rows, not row-invariant. A 64-row x 64-column
@@ -46,14 +51,15 @@
 // Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
 #include "linear_kinds.cuh"
 
-// The rows kernels are declared __launch_bounds__(256, 4): four blocks per SM, so ptxas
-// budgets 64 registers and does not spill (left to choose, it picked fewer and spilled the
-// accumulators on sm_80; cuda/RESOURCES.md, checked in CI).
+// The rows kernels are declared __launch_bounds__(256, 2): two blocks per SM, so ptxas
+// budgets 128 registers: a lane holds two batches of LIN_BATCH words with their scales and
+// mins (the one in flight and the one it sums) without spilling (cuda/RESOURCES.md, checked in CI).
 #define LIN_WARPS 8                         // warps (output columns) per block on the rows path
 #define LIN_THREADS (LIN_WARPS * 32)
 #define LIN_CHUNK 8                         // rows per register chunk
-#define LIN_TILE_COLS 512                   // stored columns staged per shared-memory tile
-#define LIN_PIPELINE_ROWS 1                 // chunks up to this many rows load the next tile ahead
+#ifndef LIN_STAGE_FLOATS
+#define LIN_STAGE_FLOATS 8192               // staged inputs per block (32 KiB): a chunk's whole rows
+#endif                                      // where they fit (tests set it small to make tiles)
 
 #define BULK_ROWS 64                        // rows per bulk tile
 #define BULK_COLS 64                        // output columns per bulk tile
@@ -61,100 +67,153 @@
 #define BULK_THREADS 256
 
 // -- the exact rows path ------------------------------------------------------------------------
-// Words per tile: at most 128, so a lane's words of a tile (<= 4) stay in registers.
-__host__ __device__ constexpr int tile_words(int cpw) {
-    return LIN_TILE_COLS / cpw < 128 ? LIN_TILE_COLS / cpw : 128;
+// A tile is as many stored words as LIN_STAGE_FLOATS holds for R rows, a multiple of 32 (so word
+// w is always lane w % 32's): a decode row of up to 8192 stored columns is one tile (one
+// barrier pair), an 8-row chunk 1024 columns a tile.
+__host__ __device__ constexpr int rows_tile_words(int cpw, int rows) {
+    return (LIN_STAGE_FLOATS / (rows * cpw)) / 32 * 32 > 32 ? (LIN_STAGE_FLOATS / (rows * cpw)) / 32 * 32 : 32;
+}
+// Words a lane loads per batch: a batch is in flight while the one before it is summed.
+__host__ __device__ constexpr int rows_batch(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
+
+// The staged inputs, VEC = min(CPW, 4) consecutive slots of a word side by side, so a lane
+// reads its word's inputs for one row with CPW / VEC vector loads, and lanes reading
+// consecutive words read consecutive vectors (no bank conflicts):
+// xs[((r * (CPW / VEC) + slot / VEC) * TW + word) * VEC + slot % VEC] (word within the tile).
+template <int CPW>
+struct StagedVec {
+    static const int VEC = CPW < 4 ? CPW : 4;
+    static const int PARTS = CPW / VEC;
+};
+template <int N> struct FloatVec;
+template <> struct FloatVec<1> { typedef float T; };
+template <> struct FloatVec<2> { typedef float2 T; };
+template <> struct FloatVec<4> { typedef float4 T; };
+__device__ __forceinline__ float vec_at(float v, int) { return v; }
+__device__ __forceinline__ float vec_at(const float2& v, int i) { return i == 0 ? v.x : v.y; }
+__device__ __forceinline__ float vec_at(const float4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Stage rows row0..row0+R-1, stored columns col0..col0+TILE_WORDS*CPW-1, slot-major:
-// xs[(r * CPW + slot) * TILE_WORDS + word] (word within the tile).
-template <int CPW, int R, class X>
+// Stage rows row0..row0+R-1, stored columns col0..col0+TW*CPW-1, into xs (layout above).
+// Consecutive threads read consecutive stored columns of a row (coalesced where there is no
+// permutation).
+template <int CPW, int R, int TW, class X>
 __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, float* xs) {
-    const int TILE_WORDS = tile_words(CPW), TILE_COLS = TILE_WORDS * CPW;
+    const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS, TILE_COLS = TW * CPW;
+#pragma unroll 4
     for (int i = threadIdx.x; i < R * TILE_COLS; i += LIN_THREADS) {
-        int r = i / TILE_COLS, rest = i % TILE_COLS;
-        int slot = rest / TILE_WORDS, word = rest % TILE_WORDS;
-        xs[i] = stored_input<X>(a, row0 + r, col0 + word * CPW + slot);
+        int r = i / TILE_COLS, col = i % TILE_COLS;
+        int word = col / CPW, slot = col % CPW;
+        xs[((r * PARTS + slot / VEC) * TW + word) * VEC + slot % VEC] =
+            stored_input<X>(a, row0 + r, col0 + col);
     }
 }
 
-// This lane's words of the tile starting at word `tile` of the warp's column o (lane l: words
-// tile + 32 q + l), and (PARAMS) their scales and mins; zeros past the row or for an inactive warp.
-template <class Kind, int ROUNDS, bool PARAMS>
-__device__ __forceinline__ void load_tile(const LinearArgs& a, const unsigned int* row_words, int tile, int o,
-                                          bool active, unsigned int* words, typename Kind::Params* params) {
+// This lane's words of a batch (lane l: words base + 32 q + l, q < B) of the warp's column,
+// and their scales and mins. CLAMP (a tile's last batch): past `end` a lane loads the tile's
+// last word again instead, so no load waits on a branch; the sums stop at `end`.
+template <class Kind, int B, bool CLAMP>
+__device__ __forceinline__ void load_batch(const LinearArgs& a, const unsigned int* row_words,
+                                           const typename Kind::Column& column, int base, int end,
+                                           unsigned magic, unsigned int* words, typename Kind::Params* params) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int q = 0; q < ROUNDS; q++) {
-        int w = tile + q * 32 + lane;
-        bool inside = active && w < a.words_per_row;
-        words[q] = inside ? row_words[w] : 0u;   // sass: linear-rows-weights
-        if (PARAMS) params[q] = inside ? Kind::params(w, o, a) : typename Kind::Params();
+    for (int q = 0; q < B; q++) {
+        unsigned w = CLAMP ? min(base + q * 32 + lane, end - 1) : base + q * 32 + lane;
+        words[q] = row_words[w];   // sass: linear-rows-weights
+        params[q] = Kind::params(column, w, magic, a);
     }
 }
 
-// R rows starting at row0 for this warp's column `o` (all warps of the block call it:
-// it holds barriers).
+// Add a batch's products to the rows' sums: word by word (lane l's words in order), within a
+// word its columns in order, each row's own accumulator. CHECK: the batch may pass `end`.
+template <class Kind, int R, int B, int TW, bool CHECK>
+__device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned int* words,
+                                          const typename Kind::Params* params, int base, int tile, int end,
+                                          int o, const float* xs, float* acc) {
+    const int CPW = Kind::CPW;
+    const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
+    typedef typename FloatVec<VEC>::T Vec;
+    const Vec* xv = reinterpret_cast<const Vec*>(xs);
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < B; q++) {
+        int w = base + q * 32 + lane;
+        if (CHECK && w >= end) break;
+        float weight[CPW];
+        Kind::decode_with(words[q], w, o, a, params[q], weight);
+        int word = w - tile;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int part = 0; part < PARTS; part++) {
+                Vec v = xv[(r * PARTS + part) * TW + word];
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    acc[r] = tl_add(acc[r], tl_mul(weight[part * VEC + i], vec_at(v, i)));
+            }
+        }
+    }
+}
+
+// R rows starting at row0 for this warp's column `o` (all warps of the block call it: it
+// holds barriers). Lane l sums its words l, l + 32, l + 64, ... in that order, within a word
+// its columns in order, one accumulator per row: the order the twin follows. Only the loads
+// are arranged for the memory system: a tile's first batch is issued before its inputs are
+// staged, and each later batch while the one before it is summed, so a warp always has one
+// batch in flight and no load waits behind a barrier; none of this moves an addition.
 template <class Kind, class X, int R>
 __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o, float* xs) {
     const int CPW = Kind::CPW;
-    const int TILE_WORDS = tile_words(CPW);
-    const int ROUNDS = TILE_WORDS / 32;     // words per lane per tile
+    const int TW = rows_tile_words(CPW, R);
+    const int B = rows_batch(R);
+    const int STEP = 32 * B;                // words a batch covers
+    static_assert(R * TW * CPW <= LIN_STAGE_FLOATS, "a tile's inputs must fit the stage");
     const int lane = threadIdx.x & 31;
     const bool active = o < a.n_out;        // warp-uniform
     const unsigned int* row_words = a.weights + (long long)(active ? o : 0) * a.words_per_row;
+    const unsigned magic = group_magic(a.group_size);
+    const typename Kind::Column column = Kind::column(active ? o : 0, a);
 
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
 
-    // Software pipeline (chunks of up to LIN_PIPELINE_ROWS rows: decode and draft rows, bound
-    // by the weights' latency): a tile's words, scales and mins are loaded while the tile
-    // before it is staged and summed, so a warp has two tiles' loads in flight and none waits
-    // behind a barrier. Larger chunks (a verify's, bound by arithmetic) load each tile's words
-    // at its start and the scales and mins as they decode, as before: the registers held
-    // across the barrier would spill there. The sums keep their order either way: only the
-    // loads move, so no bit changes.
-    constexpr bool PIPELINE = R <= LIN_PIPELINE_ROWS;
-    unsigned int next[ROUNDS];
-    typename Kind::Params next_params[ROUNDS];
-    if (PIPELINE) load_tile<Kind, ROUNDS, true>(a, row_words, 0, o, active, next, next_params);
-    for (int tile = 0; tile < a.words_per_row; tile += TILE_WORDS) {
-        unsigned int words[ROUNDS];
-        typename Kind::Params params[ROUNDS];
-        if (PIPELINE) {
+    for (int tile = 0; tile < a.words_per_row; tile += TW) {
+        const int end = min(tile + TW, a.words_per_row);
+        unsigned int words[B], next[B];
+        typename Kind::Params params[B], next_params[B];
+        load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
+        __syncthreads();                    // the previous tile's readers are done with xs
+        stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, xs);
+        __syncthreads();
+        int base = tile;
+        // whole batches while the next one is whole too: no clamps, no checks (the hot loop)
+        for (; base + 2 * STEP <= end; base += STEP) {
+            load_batch<Kind, B, false>(a, row_words, column, base + STEP, end, magic, next, next_params);
+            if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
 #pragma unroll
-            for (int q = 0; q < ROUNDS; q++) {
+            for (int q = 0; q < B; q++) {
                 words[q] = next[q];
                 params[q] = next_params[q];
             }
-            if (tile + TILE_WORDS < a.words_per_row)
-                load_tile<Kind, ROUNDS, true>(a, row_words, tile + TILE_WORDS, o, active, next, next_params);
-        } else {
-            load_tile<Kind, ROUNDS, false>(a, row_words, tile, o, active, words, params);
         }
-        __syncthreads();                    // the previous tile's readers are done with xs
-        stage_rows<CPW, R, X>(a, row0, tile * CPW, xs);
-        __syncthreads();
-        if (!active) continue;
+        if (base + STEP < end) {            // a whole batch, then a partial one
+            load_batch<Kind, B, true>(a, row_words, column, base + STEP, end, magic, next, next_params);
+            if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
 #pragma unroll
-        for (int q = 0; q < ROUNDS; q++) {
-            int w = tile + q * 32 + lane;
-            if (w >= a.words_per_row) break;
-            float weight[CPW];
-            if (PIPELINE) Kind::decode_with(words[q], w, o, a, params[q], weight);
-            else Kind::decode(words[q], w, o, a, weight);
-            const float* xw = xs + q * 32 + lane;
-#pragma unroll
-            for (int slot = 0; slot < CPW; slot++)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    acc[r] = tl_add(acc[r], tl_mul(weight[slot], xw[(r * CPW + slot) * TILE_WORDS]));
+            for (int q = 0; q < B; q++) {
+                words[q] = next[q];
+                params[q] = next_params[q];
+            }
+            base += STEP;
         }
+        if (active) sum_batch<Kind, R, B, TW, true>(a, words, params, base, tile, end, o, xs, acc);
     }
     if (!active) return;
     // every lane gets each row's total; lane r stores row r: one epilogue (bias, residual, GELU,
-    // half) in the code instead of R, which kept the 8-row chunk within its registers
+    // half) in the code instead of R, which keeps the 8-row chunk within its registers
     float mine = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -179,7 +238,7 @@ __device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs) {
 // The activations' type (x_half) is chosen once per launch: each path is the whole kernel.
 template <class Kind>
 __device__ __forceinline__ void linear_rows(const LinearArgs& a) {
-    __shared__ float xs[LIN_CHUNK * LIN_TILE_COLS];     // 16 KiB
+    __shared__ __align__(16) float xs[LIN_STAGE_FLOATS];     // 32 KiB
     if (a.x_half) linear_rows_of<Kind, __half>(a, xs);
     else linear_rows_of<Kind, float>(a, xs);
 }
@@ -244,21 +303,21 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 }
 
 // -- entry points (each declared by name: the CPU harness finds kernels by their declarations) --
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int2(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<2, __half>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int2_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<2, float>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int4(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<4, __half>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int4_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<4, float>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int8(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<8, __half>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_int8_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<8, float>>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_f16(LINEAR_PARAMS(float)) { linear_rows<F16Kind>(LINEAR_ARGS); }
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, 2)
 linear_rows_f32(LINEAR_PARAMS(float)) { linear_rows<F32Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
 linear_bulk_int2(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS); }

@@ -27,6 +27,15 @@ struct LinearArgs {
 };
 
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
+// floor(column / group_size) as __umulhi(column, magic) (QuantKind::params), magic = ceil(2^32 / group_size): with
+// e = magic * group_size - 2^32 (0 <= e < group_size), column * magic / 2^32 = column / group_size
+// + column * e / (group_size 2^32), and the second term stays under the 1 / group_size that
+// separates column / group_size from the next whole number while column * group_size < 2^32,
+// which the launcher checks (launch/linear.py). group_size >= 2 (a multiple of CPW >= 4 here).
+__device__ __forceinline__ unsigned group_magic(int group_size) {
+    return group_size >= 2 ? 0xffffffffu / (unsigned)group_size + 1u : 0u;   // dense kinds: unused
+}
+
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
@@ -37,23 +46,37 @@ struct QuantKind {
     static const int PER_BYTE = 8 / BITS;
     // The scale and min of a word whose columns share one group (group_size a multiple of
     // CPW, the usual case), loaded apart from its decoding so that a kernel can issue these
-    // loads with the word's own, before it waits for any (linear.cu's rows path).
+    // loads with the word's own, before it waits for any (linear.cu's rows path). `magic` is
+    // group_magic(group_size): the group is found with one high multiply, not an integer
+    // division (about 25 instructions a word on sm_90); `column` holds the row's scale and min
+    // pointers, found once.
     struct Params {
         float s, m;
     };
-    __device__ __forceinline__ static Params params(int word_index, int o, const LinearArgs& a) {
+    struct Column {
+        const S* s;
+        const S* m;
+    };
+    __device__ __forceinline__ static Column column(int o, const LinearArgs& a) {
+        Column c = {static_cast<const S*>(a.scale) + (long long)o * a.groups,
+                    static_cast<const S*>(a.mins) + (long long)o * a.groups};
+        return c;
+    }
+    __device__ __forceinline__ static Params params(const Column& c, int word_index, unsigned magic,
+                                                    const LinearArgs& a) {
         Params p = {0.0f, 0.0f};
         if (TL_GROUP_PER_WORD(a, CPW)) {
-            int group = min(word_index * CPW / a.group_size, a.groups - 1);
-            p.s = widen(static_cast<const S*>(a.scale)[(long long)o * a.groups + group]);
-            p.m = widen(static_cast<const S*>(a.mins)[(long long)o * a.groups + group]);
+            // unsigned: the address is one wide multiply-add from the column's pointers
+            unsigned group = min(__umulhi((unsigned)word_index * CPW, magic), (unsigned)a.groups - 1u);
+            p.s = widen(c.s[group]);
+            p.m = widen(c.m[group]);
         }
         return p;
     }
     // word `word_index` of output row `o`: its CPW weights, in column order.
     __device__ __forceinline__ static void decode(unsigned int word, int word_index, int o,
                                                   const LinearArgs& a, float* w) {
-        decode_with(word, word_index, o, a, params(word_index, o, a), w);
+        decode_with(word, word_index, o, a, params(column(o, a), word_index, group_magic(a.group_size), a), w);
     }
     // The same from the word's params(): the same weights, bit for bit.
     __device__ __forceinline__ static void decode_with(unsigned int word, int word_index, int o,
@@ -99,7 +122,9 @@ struct NoParams {};
 struct F16Kind {
     static const int CPW = 2;
     typedef NoParams Params;
-    __device__ __forceinline__ static Params params(int, int, const LinearArgs&) { return Params(); }
+    typedef NoParams Column;
+    __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
+    __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = low_half(word);
@@ -115,7 +140,9 @@ struct F16Kind {
 struct F32Kind {
     static const int CPW = 1;
     typedef NoParams Params;
-    __device__ __forceinline__ static Params params(int, int, const LinearArgs&) { return Params(); }
+    typedef NoParams Column;
+    __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
+    __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = __uint_as_float(word);

@@ -33,6 +33,7 @@ from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa:
 from tinyloop.backends.cuda.launch import linear as linear_launch  # noqa: E402
 HBM = 4.8e12
 CONTEXT = 1024
+CHUNK_KEYS = 64 * attention_launch.CHUNK_BLOCKS      # keys a pass-1 attention block sums (cuda/attention.cu)
 
 SHAPES = {
     # SmolLM2-135M-Instruct as pulled: Q4_1 core weights (int4, group 32), Q8_0 tied embedding/head
@@ -59,7 +60,7 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
-    chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // 256) * 4       # written by pass 1, read by the merge
+    chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // CHUNK_KEYS) * 4       # written by pass 1, read by the merge
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         (norm, 3 * d * 4, 2 * n + 1),
@@ -67,8 +68,8 @@ def step_rows(s: dict) -> list[tuple[str, int, int]]:
         # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
         # queries as it loads them; each reads the rotation row
         ("kv_write_fp16 (+ RoPE of the keys)", 2 * kv * 4 + 2 * kv * 2 + 4 + kv * 4 + hd * 4, n),
-        # 256-key chunks; the last chunk block of each kv head merges (partials written and read)
-        ("attention_fp16 (+ RoPE of the queries; 256-key chunks, merge folded in)",
+        # CHUNK_KEYS-key chunks; the last chunk block of each kv head merges (partials written and read)
+        (f"attention_fp16 (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
          2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
@@ -137,28 +138,28 @@ class LoopFigures:
 
 
 def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigures | None:
-    """The loop a kernel streams its bytes in, from cuda/SASS.md: for linear_rows_*, the tile
-    loop of the 8-row chunk (rows > 1) or the 1-row one, fed float activations (its x loads
-    are 4 bytes wide); for attention_*, the tile loader's row loop (the outer of its tagged
+    """The loop a kernel streams its bytes in, from cuda/SASS.md: for linear_rows_*, the batch
+    loop of the 8-row chunk (rows > 1) or the 1-row one; for attention_*, the tile loader's row loop (the outer of its tagged
     loops, which holds the inner once)."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get(kernel, {}).get("loops", [])
     if not loops:
         return None
     if kernel.startswith("linear_rows"):
-        # fed float activations: its staging loads 4-byte x (more 4-byte loads than 2-byte)
-        float_x = [l for l in loops if l["widths"].get("4", 0) > l["widths"].get("2", 0)] or loops
-        ordinary = [l for l in float_x if l["instructions"] < 2000] or float_x    # not an enclosing loop
-        loop = max(ordinary, key=lambda l: l["float_ops"]) if rows > 1 else min(ordinary, key=lambda l: l["float_ops"])
-        # bytes: 4 words a lane per tile (int4, int8: 128-word tiles), each with a half scale and min
-        math = loop["instructions"]
-        if rows == 1 and pipelined_rows() >= 1:
-            # the 1-row chunk loads tile i + 1's words, scales and mins before it stages and sums
-            # tile i (linear.cu load_tile): a warp keeps one tile's loads in flight throughout.
-            # The SASS round count of this loop (through the staging's and the edges' branches)
-            # is no figure for that.
-            return LoopFigures(math, 4 * (4 + 4), 1)
-        return LoopFigures(math, 4 * (4 + 4), loop["rounds"])
+        # a chunk's batch loop (linear.cu rows_chunk): the loops that hold no other loop (an
+        # enclosing one counts its tile's staging and edges too); the 1-row chunk's is the one
+        # with the most loads (B = 8 words a lane, each with its scale and min), the 8-row
+        # chunk's the one with the most sums. It loads the next batch while it sums this one:
+        # one batch a warp in flight, one round an iteration.
+        inner = [l for l in loops if not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"]
+                                             for o in loops)] or loops
+        loop = max(inner, key=lambda l: l["float_ops"]) if rows > 1 else max(inner, key=lambda l: l["global_loads"])
+        # from DRAM: each word (a 4-byte load) and its share of a group's half scale and min,
+        # which every lane loads for itself (2-byte loads) but 32 / CPW lanes share (groups of
+        # 32 columns, as step_rows counts them)
+        words = loop["widths"].get("4", 0)
+        cpw = linear_launch.COLUMNS_PER_WORD.get(kernel.split("_")[2], 8)
+        return LoopFigures(loop["instructions"], words * 4 + words * 4 * cpw / 32, 1)
     elif staged := [l for l in loops if "attention-stage" in l["tags"]]:
         loop = min(staged, key=lambda l: l["rounds"])          # a decode's blocks, not a tree's tail
     else:
@@ -218,12 +219,6 @@ def merge_tail_s(n_chunks: int, sass: dict | None = None) -> float:
     return LATENCY_S + -(-n_chunks // batch) * rounds * L2_LATENCY_S
 
 
-def pipelined_rows() -> int:
-    """linear.cu's LIN_PIPELINE_ROWS: row chunks up to this size load a tile ahead (0: none)."""
-    m = re.search(r"#define LIN_PIPELINE_ROWS (\d+)", (ROOT / "cuda" / "linear.cu").read_text())
-    return int(m.group(1)) if m else 0
-
-
 def expected_fraction(loop: LoopFigures, resident_warps: int, launched_warps: int) -> dict:
     """-> {in_flight (bytes per SM), latency, issue, fraction} for a kernel streaming with `loop`."""
     warps_per_sm = min(resident_warps, max(launched_warps / SMS, 1e-9))
@@ -269,7 +264,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                     "linear_rows head": s["vocab"]}
     linear_in = {"linear_rows qkv": d, "linear_rows out (+ residual)": q, "linear_rows up": d,
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
-    att_blocks = s["kv"] * (CONTEXT // 256) * rows
+    att_blocks = s["kv"] * (CONTEXT // CHUNK_KEYS) * rows
     out = []
     for name, nbytes, calls in step_rows(s):
         fraction, detail, extra_s = 1.0, None, 0.0
@@ -290,7 +285,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
         elif name.startswith("attention_fp16"):
             loop = hot_loop("attention_fp16", 1, sass)
             shares = queries_share_blocks() and not requests
-            blocks_launched = s["kv"] * (CONTEXT // 256) * (1 if shares else rows)
+            blocks_launched = s["kv"] * (CONTEXT // CHUNK_KEYS) * (1 if shares else rows)
             if loop:
                 detail = expected_fraction(loop, resident_warps("attention_fp16", 128, attention_shared(s, sass)),
                                            blocks_launched * 4)
@@ -301,7 +296,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             issue_s = sums / (ISSUE_PER_SM * SM_CLOCK_HZ * min(SMS, blocks_launched))
             if detail and issue_s > nbytes / (HBM * detail["fraction"]):
                 detail = {**detail, "fraction": nbytes / (HBM * issue_s), "bound": "sums"}
-            extra_s = merge_tail_s(CONTEXT // 256, sass)
+            extra_s = merge_tail_s(CONTEXT // CHUNK_KEYS, sass)
         elif name != "linear_rows head" and name != "argmax_rows":
             nbytes *= rows                                            # per-row activations
         if detail:

@@ -9,6 +9,7 @@ CHUNK_BLOCKS blocks, windows starting mid-chunk, a ring seam inside a chunk, 4k 
 tree whose tail crosses a chunk edge; the bits do not depend on the grid's chunk count,
 on how the launcher groups queries into launches, or on the scratch it is given."""
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,21 @@ from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
 from tinyloop.model.plan import Geometry, TreeRows, build_plan
 
 MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]
+ATT_OPTIONS: tuple = ()    # compile options of the attention module kernel() launches
+
+
+@pytest.fixture(params=[None, 4], ids=["S-shipped", "S4"])
+def chunk_blocks(request, monkeypatch):
+    """A chunk-edge test at the shipped S (ATT_CHUNK_BLOCKS) and at S = 4: several 64-key blocks
+    a chunk (the online softmax across a chunk's blocks, a window start or a ring seam inside a
+    chunk), the kernel compiled with -DATT_CHUNK_BLOCKS=4 and the twin and launcher set to match.
+    -> S."""
+    if request.param is None:
+        return twin.CHUNK_BLOCKS
+    monkeypatch.setattr(twin, "CHUNK_BLOCKS", request.param)
+    monkeypatch.setattr(launch, "CHUNK_BLOCKS", request.param)
+    monkeypatch.setattr(sys.modules[__name__], "ATT_OPTIONS", (f"-DATT_CHUNK_BLOCKS={request.param}",))
+    return request.param
 
 
 def host_cache(mode, n_kv, head_dim, rows, seed, n_slots=2):
@@ -67,7 +83,7 @@ def kernel(device, kv_dev, q, slot, positions, window=0, ring_blocks=0, shared_e
     tail_len = 0 if tail_rows is None else tail_rows.shape[1]
     chunks = launch.max_chunks(kv_dev.rows, window, ring_blocks, shared_end, tail_len)     # the cache's rows
     counters = device.zeros(max(1, n_queries * kv_dev.n_kv), np.uint32) if fused else None
-    launch.attention(device.module("attention"), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
+    launch.attention(device.module("attention", ATT_OPTIONS), kv_dev, q_dev, slot, device.asarray(np.asarray(positions, np.int32)),
                      window, ring_blocks, device.asarray(np.array([shared_end], np.int32)), tail_dev, tail_len,
                      scale, out, chunks=chunks, **({} if scratch is None else {"scratch": scratch}),
                      counters=counters, rotation=None if rotation is None else device.asarray(rotation))
@@ -160,11 +176,11 @@ def random_tree(rng, n_nodes, base):
 
 @pytest.mark.parametrize("mode, rows, base", [("fp32", 320, 180), ("int4", 320, 180), ("int4-h", 320, 180),
                                               ("fp16", 1152, 1020), ("int4-h", 1152, 1020)])
-def test_tree_of_65_nodes(kernel_device, mode, rows, base):
+def test_tree_of_65_nodes(kernel_device, mode, rows, base, chunk_blocks):
     """The plan's tail rows (build_plan with TreeRows): kernel == twin, ~ CPU, and nodes equal
     a plain decode of their path laid out at rows base.. (bit for bit, kernel against kernel).
-    base 1020: the shared blocks span chunks 0..3 and the tail (blocks 15, 16) crosses from
-    chunk 3 into chunk 4."""
+    base 1020 at S = 4: the shared blocks span chunks 0..3 and the tail (blocks 15, 16) crosses
+    from chunk 3 into chunk 4 (at S = 1 every block is a chunk)."""
     head_dim = 32
     rng = np.random.default_rng(65)
     path_rows, paths, positions = random_tree(rng, 65, base)
@@ -235,9 +251,6 @@ def test_long_context(kernel_device, mode):
 
 
 # -- split context -----------------------------------------------------------------------------
-S = twin.CHUNK_BLOCKS
-
-
 def test_chunk_size_is_one_constant():
     """The kernel's ATT_CHUNK_BLOCKS, the twin's and the launcher's CHUNK_BLOCKS agree."""
     source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()
@@ -245,18 +258,19 @@ def test_chunk_size_is_one_constant():
     assert defined == twin.CHUNK_BLOCKS == launch.CHUNK_BLOCKS
 
 
-def own_chunks(pos, window):
+def own_chunks(pos, window, S):
     lowest = max(pos - window + 1, 0) if window else 0
     return (pos // 64) // S - (lowest // 64) // S + 1
 
 
-def test_max_chunks_bounds_every_query():
+def test_max_chunks_bounds_every_query(chunk_blocks):
     """max_chunks is an upper bound every position can meet, and is attained (tight)."""
+    S = chunk_blocks
     for rows in (64, 256, 448, 4032, 4096):
-        worst = max(own_chunks(pos, 0) for pos in range(rows))
+        worst = max(own_chunks(pos, 0, S) for pos in range(rows))
         assert launch.max_chunks(rows, 0, 0) == worst, rows
     for window in (1, 63, 64, 65, 100, 255, 256, 257, 300, 1000, 1100):
-        worst = max(own_chunks(pos, window) for pos in range(3 * window + 2048))
+        worst = max(own_chunks(pos, window, S) for pos in range(3 * window + 2048))
         assert launch.max_chunks(1 << 20, window, 0) == worst, window        # no ring: rows do not bind
         assert launch.max_chunks(1 << 20, window, 8) == worst, window        # a ring: only the window binds
     assert launch.max_chunks(448, 1000, 0) == launch.max_chunks(448, 0, 0)    # the smaller bound wins
@@ -266,10 +280,10 @@ def test_max_chunks_bounds_every_query():
 
 
 @pytest.mark.parametrize("mode", ["fp32", "int8", "int4-h"])
-def test_many_chunks_row_invariant(kernel_device, mode):
-    """Queries on both sides of chunk edges (255 | 256, 511 | 512, 767 | 768), at block edges
-    and far apart, with no window, a window starting mid-chunk (and mid-block) and one shorter
-    than a chunk: == twin, ~ CPU, and each query alone == its row of the batch."""
+def test_many_chunks_row_invariant(kernel_device, mode, chunk_blocks):
+    """Queries on both sides of chunk edges (at S = 4: 255 | 256, 511 | 512, 767 | 768), at
+    block edges and far apart, with no window, a window starting mid-chunk (and mid-block) and
+    one shorter than a chunk: == twin, ~ CPU, and each query alone == its row of the batch."""
     rows = 1024
     kv = host_cache(mode, 2, 32, rows, seed=21, n_slots=1)
     kv_dev = on_device(kernel_device, kv)
@@ -285,8 +299,9 @@ def test_many_chunks_row_invariant(kernel_device, mode):
             assert bits_equal(alone, batch[i:i + 1]), (window, i)
 
 
+@pytest.mark.parametrize("chunk_blocks", [4], indirect=True)     # a chunk of one block has no inside
 @pytest.mark.parametrize("mode", ["fp16", "int4-h"])
-def test_ring_seam_inside_a_chunk(kernel_device, mode):
+def test_ring_seam_inside_a_chunk(kernel_device, mode, chunk_blocks):
     """A 320-row ring (5 blocks), window 300: queries at 500..515 read logical 201..515,
     blocks 3..8 = chunks 0 | 1 (4..7) | 2; the seam (logical block 5 at physical block 0)
     lies inside chunk 1. == twin, ~ CPU, each query alone == its batch row."""
@@ -295,7 +310,7 @@ def test_ring_seam_inside_a_chunk(kernel_device, mode):
     kv_dev = on_device(kernel_device, kv)
     q = np.random.default_rng(24).standard_normal((16, 4, 32)).astype(F)
     positions = np.arange(500, 516)
-    seam = rows // 64                                   # logical block 5 is stored at physical block 0
+    seam, S = rows // 64, chunk_blocks                  # logical block 5 is stored at physical block 0
     assert 3 // S < seam // S < 8 // S and seam % S     # chunk 1, not its first block: inside the chunk
     batch = kernel(kernel_device, kv_dev, q, 0, positions, window, rows // 64)
     assert bits_equal(batch, twin.attention(mode, q, kv.keys, kv.values, kv.table[0], positions, window, rows // 64,
@@ -308,8 +323,8 @@ def test_ring_seam_inside_a_chunk(kernel_device, mode):
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int8"])
-def test_4k_context_decode_and_batch(kernel_device, mode):
-    """4096 keys (64 blocks, 16 chunks): decode at the end of the cache and at chunk and block
+def test_4k_context_decode_and_batch(kernel_device, mode, chunk_blocks):
+    """4096 keys (64 blocks: 64 chunks at S = 1, 16 at S = 4): decode at the end of the cache and at chunk and block
     edges, with GQA over 2 kv heads; batch == twin, each alone == its batch row, ~ CPU."""
     rows = 4096
     kv = host_cache(mode, 2, 64, rows, seed=25, n_slots=1)
@@ -325,7 +340,7 @@ def test_4k_context_decode_and_batch(kernel_device, mode):
         assert bits_equal(alone, batch[i:i + 1]), i
 
 
-def test_bits_do_not_depend_on_the_grid_or_the_scratch(kernel_device, monkeypatch):
+def test_bits_do_not_depend_on_the_grid_or_the_scratch(kernel_device, monkeypatch, chunk_blocks):
     """The same queries with more chunks in the grid than any query has, with a scratch that
     holds 3 queries (6 launches for 16), and with a default allocation capped at one query:
     every bit equal. A scratch under one query's partials is refused."""
@@ -349,13 +364,13 @@ def test_bits_do_not_depend_on_the_grid_or_the_scratch(kernel_device, monkeypatc
     assert bits_equal(kernel(kernel_device, kv_dev, q, 0, positions, 100), want)
 
 
-def test_more_chunks_than_the_grid_gives_nan(kernel_device, monkeypatch):
+def test_more_chunks_than_the_grid_gives_nan(kernel_device, monkeypatch, chunk_blocks):
     """A query spanning more chunks than the launch was sized for gets NaN (never a read past
     its partials); the others are untouched."""
     rows = 512
     kv = host_cache("fp32", 1, 16, rows, seed=29, n_slots=1)
     kv_dev = on_device(kernel_device, kv)
-    positions = np.array([100, 300, 200])               # chunks: 1, 2, 1
+    positions = np.array([30, 100, 50]) * chunk_blocks   # chunks: 1, 2, 1
     q = np.random.default_rng(30).standard_normal((3, 2, 16)).astype(F)
     want = twin.attention("fp32", q, kv.keys, kv.values, kv.table[0], positions, scale=0.125)
     monkeypatch.setattr(launch, "max_chunks", lambda *args, **kw: 1)
@@ -364,10 +379,10 @@ def test_more_chunks_than_the_grid_gives_nan(kernel_device, monkeypatch):
     assert bits_equal(got[[0, 2]], want[[0, 2]])
 
 
-def test_an_empty_chunk_is_skipped_in_the_merge(kernel_device):
-    """Head 0's scores over chunk 0 (keys 0..255) overflow to -inf: that chunk is empty
-    (m = -inf) and the merge must skip it, not take exp(-inf - -inf) = NaN. == twin, finite,
-    and alone == in a batch."""
+def test_an_empty_chunk_is_skipped_in_the_merge(kernel_device, chunk_blocks):
+    """Head 0's scores over keys 0..255 (chunk 0 at S = 4, chunks 0..3 at S = 1) overflow to
+    -inf: those chunks are empty (m = -inf) and the merge must skip them, not take
+    exp(-inf - -inf) = NaN. == twin, finite, and alone == in a batch."""
     rows = 640
     kv = host_cache("fp32", 2, 16, rows, seed=31, n_slots=1)
     kv.keys["data"][0, pool_rows(kv, 0, np.arange(4 * 64)), 0] = -1e20

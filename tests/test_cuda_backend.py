@@ -291,15 +291,15 @@ def test_tree_verify_equals_sequential_decode_on_cuda(tmp_path, case):
 
 @pytest.mark.parametrize("preset,mode,window,prompt_len,steps", [
     ("tiny-looped", "fp16", 64, 150, 110),                      # a ring buffer's wrap
-    ("tiny-looped", "fp16", 0, 250, 12),                        # 256: a 64-key block edge and the chunk edge
+    ("tiny-looped", "fp16", 0, 250, 12),                        # 256: a 64-key block edge and a chunk edge
     ("tiny-looped-gpt", "fp16", 0, 4, 5),                       # learned positions: the step's positions input
     pytest.param("tiny-looped", "int4-h", 64, 150, 110, marks=SLOW_ON_THE_HARNESS)])
 def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, preset, mode, window, prompt_len, steps):
     """Graph-captured decode (graphs.py): the first step warms up, the second is captured
     with its token and position frozen, later steps replay it with new values in the step's
     device inputs. Every step's logits equal a plain forward's bit for bit, across a ring
-    buffer's wrap, and without a window across position 256 (a 64-key block edge and the
-    256-key edge of attention's chunks), so nothing the kernels read comes from the frozen host
+    buffer's wrap, and without a window across position 256 (a 64-key block edge, and a chunk
+    edge of attention at S = 1 and at S = 4), so nothing the kernels read comes from the frozen host
     values; on a learned-position model the position embedding reads the step's positions
     input (it once read the token ids). (On the CPU a replay re-runs the step;
     scripts/gpu_check.sh runs it on a GPU, where it is a real graph replay.)"""
@@ -322,7 +322,7 @@ def test_a_replayed_decode_step_equals_the_plain_forward(tiny_files, preset, mod
 
 def test_a_replayed_multi_row_forward_equals_the_plain_forward(tiny_files):
     """graphs.ForwardGraph (what scripts/bench_gpu.py times a 16-row step with): captured once
-    with its rows frozen, replayed at later positions, crossing the 256-key chunk edge;
+    with its rows frozen, replayed at later positions, crossing the 256-key mark (a chunk edge at S = 1 and 4);
     every replay's logits equal a plain forward's bit for bit."""
     from tinyloop.backends.cuda.graphs import ForwardGraph
     captured = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True)).model

@@ -120,7 +120,7 @@ def filled_pool(device, mode, widths, n_slots=3, seed=1):
 @pytest.mark.parametrize("window", [0, 70])
 def test_one_attention_launch_for_several_caches_gives_each_query_its_alone_bits(kernel_device, mode, window):
     """Queries of three caches (a decode row, a 5-row verify, a 2-row stretch; positions across
-    64-key block and 256-key chunk edges), each part at its own slot, in one launch through the
+    64-key block edges, which are attention's chunk edges at S = 1), each part at its own slot, in one launch through the
     stacked tables: each part's rows are bit for bit its own launch's, and the twin's with each
     query's own table row. Reading every query through the first part's table fails this."""
     device = kernel_device

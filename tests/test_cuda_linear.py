@@ -94,12 +94,45 @@ def test_rows_kernel_equals_twin(kernel_device, kind, scale_dtype, rows):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_kernel_several_tiles_and_act_order(kernel_device, kind):
-    """Inputs wider than one shared-memory tile (512 stored columns, 128 for f32), act-order."""
+    """An 8-row chunk stages 1,024 stored columns a tile (LIN_STAGE_FLOATS / 8): 1,100 inputs
+    take two tiles, with a permutation, and the ninth row (a 1-row chunk) takes them in one."""
     rng = np.random.default_rng(7)
-    n_in = 600 if kind != "f32" else 300
-    parts = [weight_part(kind, rng, 9, n_in, group=64, act_order=True)]
-    x = inputs(rng, 3, n_in)
+    n_in = 1100
+    parts = [weight_part(kind, rng, 9, n_in, group=64, act_order=kind.startswith("int"))]
+    x = inputs(rng, 9, n_in)
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "f32"])
+def test_one_row_wider_than_its_stage(kernel_device, kind):
+    """A decode row stages up to 8,192 stored columns at once; 8,300 inputs take a second tile,
+    with the batches' last words past each tile's end (the clamped loads)."""
+    rng = np.random.default_rng(8)
+    n_in = 8300
+    parts = [weight_part(kind, rng, 9, n_in, group=32)]
+    x = inputs(rng, 1, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+@pytest.mark.parametrize("group", [4, 12, 32, 96, 128])
+def test_groups_found_by_multiply_equal_division(kernel_device, group):
+    """The rows kernels find a word's group with a high multiply (linear_kinds.cuh group_magic):
+    groups of every kind of size (a power of two or not, under a word's 8 columns or over a
+    lane round's 256) give the twin's bits, whose groups come from a division."""
+    rng = np.random.default_rng(group)
+    parts = [weight_part("int4" if group % 8 == 0 else "int8", rng, 9, 1000, group=group)]
+    x = inputs(rng, 2, 1000)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+def test_group_lookup_bound_is_checked():
+    """The multiply finds the group exactly while stored columns x group size < 2^32; the
+    launcher refuses a segment past that (no real model comes near: 8,192 x 128 is 2^20)."""
+    ok = SimpleNamespace(kind="int4", words_per_row=1024, group_size=128)
+    launch.check_group_lookup(ok)
+    with pytest.raises(ValueError, match="group"):
+        launch.check_group_lookup(SimpleNamespace(kind="int4", words_per_row=1 << 16, group_size=1 << 13))
+    launch.check_group_lookup(SimpleNamespace(kind="f16", words_per_row=1 << 20, group_size=0))
 
 
 def test_fused_segments_fill_one_output(kernel_device):

@@ -90,21 +90,24 @@ def test_the_readme_shows_the_committed_figures():
 
 def test_the_model_reads_the_kernels_hot_loops():
     """The committed SASS figures hold the loops the model names: attention's 16-byte stager
-    (one round trip per batch on a decode's blocks) and the rows linear's tile loop."""
+    (one round trip per batch on a decode's blocks) and the rows linear's batch loop."""
     stage = cuda_estimates.hot_loop("attention_fp16")
     assert stage is not None and stage.rounds == 1 and stage.bytes_per_lane >= 8 * 16
-    assert cuda_estimates.hot_loop("linear_rows_int4", 1) is not None
-    assert cuda_estimates.pipelined_rows() >= 1
+    one_row = cuda_estimates.hot_loop("linear_rows_int4", 1)
+    # a batch of 8 words a lane, each with its share of a 32-column group's half scale and min
+    # (4 lanes' words share one): 40 bytes a lane from DRAM, one round an iteration
+    assert one_row is not None and one_row.bytes_per_lane == 8 * (4 + 4 * 8 / 32) and one_row.rounds == 1
 
 
 def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
     """The fused merge's tail: the counter's round trip, then one L2 round trip per batch of
-    ATT_MERGE_BATCH chunks at the tagged loop's rounds (worked by hand: 16 chunks, batches of
-    8, 1 round each -> 600 + 2 x 300 ns); the committed SASS has that loop at one round, and
+    ATT_MERGE_BATCH chunks at the tagged loop's rounds (worked by hand: 32 chunks, batches of
+    16, 1 round each -> 600 + 2 x 300 ns); the committed SASS has that loop at one round, and
     linear_mma_int4's batch loop with its 16-byte weight loads."""
     fake = {"kernels": {"attention_fp16": {"loops": [{"tags": ["attention-merge"], "rounds": 1}]}}}
-    assert abs(cuda_estimates.merge_tail_s(16, fake) - 1.2e-6) < 1e-12
-    assert abs(cuda_estimates.merge_tail_s(8, fake) - 0.9e-6) < 1e-12
+    assert abs(cuda_estimates.merge_tail_s(32, fake) - 1.2e-6) < 1e-12
+    assert abs(cuda_estimates.merge_tail_s(16, fake) - 0.9e-6) < 1e-12
+    assert abs(cuda_estimates.merge_tail_s(17, fake) - 1.2e-6) < 1e-12
     saved = cuda_estimates.sass_loops.read_saved()["kernels"]
     assert min(l["rounds"] for l in saved["attention_fp16"]["loops"] if "attention-merge" in l["tags"]) == 1
     batch = [l for l in saved["linear_mma_int4"]["loops"] if "linear-mma-weights" in l["tags"]]

@@ -17,7 +17,7 @@ from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
 NO_TREE = 1 << 30            # shared_end when there is no draft tree
-CHUNK_BLOCKS = 4             # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS, the twin's)
+CHUNK_BLOCKS = 1             # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS, the twin's)
 SCRATCH_BUDGET = 128 << 20   # bytes of partials one call allocates at most when not given a scratch
 MAX_GRID_Z = 65535
 DEFAULT_SHARED_LIMIT = 48 * 1024
@@ -59,7 +59,7 @@ def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: 
            limit: int = 227 * 1024) -> tuple[int, int]:
     """(queries a pass-1 block serves, tiles). Two tiles (keys and values staged together)
     where one query's block fits the device's `limit`, else one. Without a window (every
-    query's chunk z is the same 256 keys) up to QUERIES_PER_BLOCK queries a block within
+    query's chunk z is the same 64 S keys) up to QUERIES_PER_BLOCK queries a block within
     min(SHARED_BUDGET, limit), so a verify's or a tree's queries read each block of keys and
     values once; with a window, 1 (each query's chunks start at its own first block). Neither
     changes a bit: each query's sums are its own, and each element is staged the same way."""

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from tinyloop.backends.cuda.launch.memory import may_overlap
-from tinyloop.backends.cuda.launch.packing import PackedLinear
+from tinyloop.backends.cuda.launch.packing import COLUMNS_PER_WORD, PackedLinear
 
 ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
 ROWS_THREADS = ROWS_WARPS * 32
@@ -122,6 +122,7 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
             block, rows_per_block = (BULK_THREADS,), n_rows
         else:
+            check_group_lookup(seg)
             name = f"linear_rows_{seg.kernel}"
             column_blocks = _blocks(seg.out_features, ROWS_WARPS)
             # Which rows share a block changes no row's bits: split rows only for parallelism.
@@ -148,6 +149,17 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             continue
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
+
+
+def check_group_lookup(seg) -> None:
+    """The rows kernels find a word's group as __umulhi(column, ceil(2^32 / group_size))
+    (cuda/linear_kinds.cuh group_magic), exact while stored columns x group_size < 2^32."""
+    if not seg.kind.startswith("int"):
+        return
+    columns = seg.words_per_row * COLUMNS_PER_WORD[seg.kind]
+    if columns * seg.group_size >= 1 << 32:
+        raise ValueError(f"a quantized segment's stored columns x group size must be < 2^32 for the "
+                         f"rows kernels' group lookup, got {columns} x {seg.group_size}")
 
 
 def _blocks(n: int, per_block: int) -> int:

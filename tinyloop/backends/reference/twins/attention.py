@@ -34,7 +34,7 @@ from tinyloop.model.quant import unpack_codes
 
 F = np.float32
 NO_TREE = 1 << 30                 # shared_end without a draft tree
-CHUNK_BLOCKS = 4                  # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS)
+CHUNK_BLOCKS = 1                  # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS)
 
 
 def dequantize(mode: str, side: dict, rows: np.ndarray) -> np.ndarray:
