@@ -95,15 +95,16 @@ __device__ __forceinline__ float vec_at(const float4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Stage rows row0..row0+R-1, stored columns col0..col0+TW*CPW-1, into xs (layout above).
-// Consecutive threads read consecutive stored columns of a row (coalesced where there is no
-// permutation).
+// Stage rows row0..row0+R-1, the `words` stored words from column col0 on (words <= TW; the
+// sums never read past them), into xs (layout above, TW words a row). Consecutive threads
+// read consecutive stored columns of a row (coalesced where there is no permutation).
 template <int CPW, int R, int TW, class X>
-__device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, float* xs) {
-    const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS, TILE_COLS = TW * CPW;
+__device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, int words, float* xs) {
+    const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
+    const int cols = words * CPW;
 #pragma unroll 4
-    for (int i = threadIdx.x; i < R * TILE_COLS; i += LIN_THREADS) {
-        int r = i / TILE_COLS, col = i % TILE_COLS;
+    for (int i = threadIdx.x; i < R * cols; i += LIN_THREADS) {
+        int r = i / cols, col = i % cols;
         int word = col / CPW, slot = col % CPW;
         xs[((r * PARTS + slot / VEC) * TW + word) * VEC + slot % VEC] =
             stored_input<X>(a, row0 + r, col0 + col);
@@ -157,63 +158,11 @@ __device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned in
     }
 }
 
-// R rows starting at row0 for this warp's column `o` (all warps of the block call it: it
-// holds barriers). Lane l sums its words l, l + 32, l + 64, ... in that order, within a word
-// its columns in order, one accumulator per row: the order the twin follows. Only the loads
-// are arranged for the memory system: a tile's first batch is issued before its inputs are
-// staged, and each later batch while the one before it is summed, so a warp always has one
-// batch in flight and no load waits behind a barrier; none of this moves an addition.
-template <class Kind, class X, int R>
-__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o, float* xs) {
-    const int CPW = Kind::CPW;
-    const int TW = rows_tile_words(CPW, R);
-    const int B = rows_batch(R);
-    const int STEP = 32 * B;                // words a batch covers
-    static_assert(R * TW * CPW <= LIN_STAGE_FLOATS, "a tile's inputs must fit the stage");
+// A column's R sums, then its output: every lane gets each row's total; lane r stores row r
+// (one epilogue in the code instead of R, which keeps the 8-row chunk within its registers).
+template <int R>
+__device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int o, const float* acc) {
     const int lane = threadIdx.x & 31;
-    const bool active = o < a.n_out;        // warp-uniform
-    const unsigned int* row_words = a.weights + (long long)(active ? o : 0) * a.words_per_row;
-    const unsigned magic = group_magic(a.group_size);
-    const typename Kind::Column column = Kind::column(active ? o : 0, a);
-
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-
-    for (int tile = 0; tile < a.words_per_row; tile += TW) {
-        const int end = min(tile + TW, a.words_per_row);
-        unsigned int words[B], next[B];
-        typename Kind::Params params[B], next_params[B];
-        load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
-        __syncthreads();                    // the previous tile's readers are done with xs
-        stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, xs);
-        __syncthreads();
-        int base = tile;
-        // whole batches while the next one is whole too: no clamps, no checks (the hot loop)
-        for (; base + 2 * STEP <= end; base += STEP) {
-            load_batch<Kind, B, false>(a, row_words, column, base + STEP, end, magic, next, next_params);
-            if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
-#pragma unroll
-            for (int q = 0; q < B; q++) {
-                words[q] = next[q];
-                params[q] = next_params[q];
-            }
-        }
-        if (base + STEP < end) {            // a whole batch, then a partial one
-            load_batch<Kind, B, true>(a, row_words, column, base + STEP, end, magic, next, next_params);
-            if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
-#pragma unroll
-            for (int q = 0; q < B; q++) {
-                words[q] = next[q];
-                params[q] = next_params[q];
-            }
-            base += STEP;
-        }
-        if (active) sum_batch<Kind, R, B, TW, true>(a, words, params, base, tile, end, o, xs, acc);
-    }
-    if (!active) return;
-    // every lane gets each row's total; lane r stores row r: one epilogue (bias, residual, GELU,
-    // half) in the code instead of R, which keeps the 8-row chunk within its registers
     float mine = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -223,16 +172,154 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, int o,
     if (lane < R) store_output(a, row0 + lane, o, mine);
 }
 
+// Lane l of a column sums its words l, l + 32, l + 64, ... in that order, within a word its
+// columns in order, one accumulator per row: the order the twin follows, the same in both
+// paths below. Only the loads are arranged for the memory system; none of it moves an addition.
+// A block's warps take columns blockIdx.x * 8 + warp, then gridDim.x * 8 further on, ...: the
+// launcher may give fewer blocks than columns / 8 (launch/linear.py column_block_cap), and
+// which block sums a column changes none of its bits.
+
+// The chunk's rows fit one tile (every decode row up to 8,192 stored columns): staged once, then
+// each warp runs through its columns back to back, a batch always in flight: the next batch,
+// or the next column's first, loads while this one is summed. No barrier after the staging.
+// EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane), so no
+// batch is clamped or checked and the loop has one arm.
+template <class Kind, class X, int R, bool EVEN>
+__device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs) {
+    const int CPW = Kind::CPW;
+    const int TW = rows_tile_words(CPW, R);
+    const int B = rows_batch(R);
+    const int STEP = 32 * B;                // words a batch covers
+    const int W = a.words_per_row;          // <= TW
+    const int o_step = gridDim.x * LIN_WARPS;
+    const unsigned magic = group_magic(a.group_size);
+    int o = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
+    const bool any = o < a.n_out;           // warp-uniform
+    unsigned int words[B], next[B];
+    typename Kind::Params params[B], next_params[B];
+    // a column's pointers are found again at each load (a few instructions a batch), not kept:
+    // the registers go to the batches in flight
+    if (any) load_batch<Kind, B, !EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
+    __syncthreads();                        // the previous chunk's readers are done with xs
+    stage_rows<CPW, R, TW, X>(a, row0, 0, W, xs);
+    __syncthreads();
+    if (!any) return;
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    int base = 0;
+    while (true) {
+        // the unit after this one: the column's next batch, or the next column's first
+        const bool last = base + STEP >= W;   // sass: linear-rows-resident
+        const int next_o = last ? o + o_step : o;
+        const int next_base = last ? 0 : base + STEP;
+        if (next_o < a.n_out) {
+            const unsigned int* next_words = a.weights + (long long)next_o * W;
+            if (EVEN || next_base + STEP <= W)
+                load_batch<Kind, B, false>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
+                                           next_params);
+            else
+                load_batch<Kind, B, true>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
+                                          next_params);
+        }
+        if (EVEN || base + STEP <= W) sum_batch<Kind, R, B, TW, false>(a, words, params, base, 0, W, o, xs, acc);
+        else sum_batch<Kind, R, B, TW, true>(a, words, params, base, 0, W, o, xs, acc);
+        if (last) {
+            store_column<R>(a, row0, o, acc);
+            if (next_o >= a.n_out) return;
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        }
+        o = next_o;
+        base = next_base;
+#pragma unroll
+        for (int q = 0; q < B; q++) {
+            words[q] = next[q];
+            params[q] = next_params[q];
+        }
+    }
+}
+
+// Rows wider than a tile (an 8-row chunk past 1,024 columns): a column per warp at a time, its
+// tiles staged in turn; a tile's first batch is issued before its inputs are staged, each later
+// batch while the one before it is summed, so no load waits behind a barrier. (With fewer
+// blocks than columns / 8 the tiles are staged again for each column.)
+template <class Kind, class X, int R>
+__device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs) {
+    const int CPW = Kind::CPW;
+    const int TW = rows_tile_words(CPW, R);
+    const int B = rows_batch(R);
+    const int STEP = 32 * B;                // words a batch covers
+    const unsigned magic = group_magic(a.group_size);
+    // c0 is block-uniform: every warp goes round as often (the barriers need it)
+    for (int c0 = blockIdx.x * LIN_WARPS; c0 < a.n_out; c0 += gridDim.x * LIN_WARPS) {
+        const int o = c0 + (threadIdx.x >> 5);
+        const bool active = o < a.n_out;    // warp-uniform
+        const unsigned int* row_words = a.weights + (long long)(active ? o : 0) * a.words_per_row;
+        const typename Kind::Column column = Kind::column(active ? o : 0, a);
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
+        for (int tile = 0; tile < a.words_per_row; tile += TW) {
+            const int end = min(tile + TW, a.words_per_row);
+            unsigned int words[B], next[B];
+            typename Kind::Params params[B], next_params[B];
+            load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
+            __syncthreads();                // the previous tile's readers are done with xs
+            stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, end - tile, xs);
+            __syncthreads();
+            int base = tile;
+            // whole batches while the next one is whole too: no clamps, no checks
+            for (; base + 2 * STEP <= end; base += STEP) {
+                load_batch<Kind, B, false>(a, row_words, column, base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
+#pragma unroll
+                for (int q = 0; q < B; q++) {
+                    words[q] = next[q];
+                    params[q] = next_params[q];
+                }
+            }
+            if (base + STEP < end) {        // a whole batch, then a partial one
+                load_batch<Kind, B, true>(a, row_words, column, base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
+#pragma unroll
+                for (int q = 0; q < B; q++) {
+                    words[q] = next[q];
+                    params[q] = next_params[q];
+                }
+                base += STEP;
+            }
+            if (active) sum_batch<Kind, R, B, TW, true>(a, words, params, base, tile, end, o, xs, acc);
+        }
+        if (active) store_column<R>(a, row0, o, acc);
+    }
+}
+
+// R rows starting at row0, every column of the block's (all warps of the block call it: it
+// holds barriers). Which path depends on the launch alone (block-uniform).
+template <class Kind, class X, int R>
+__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs) {
+    static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
+    // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
+    // are bound by the sums, and their registers would spill in the resident loop)
+    if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
+        if (a.words_per_row % (32 * rows_batch(R)) == 0) rows_resident<Kind, X, R, true>(a, row0, xs);
+        else rows_resident<Kind, X, R, false>(a, row0, xs);
+    } else {
+        rows_tiled<Kind, X, R>(a, row0, xs);
+    }
+}
+
 template <class Kind, class X>
 __device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs) {
-    int o = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
     int row = blockIdx.y * a.rows_per_block;
     int end = min(row + a.rows_per_block, a.n_rows);
     // chunk sizes depend only on the block's row count (block-uniform, as the barriers need)
-    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, o, xs);
-    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, o, xs); row += 4; }
-    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, o, xs); row += 2; }
-    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, o, xs);
+    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, xs);
+    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, xs); row += 4; }
+    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, xs); row += 2; }
+    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, xs);
 }
 
 // The activations' type (x_half) is chosen once per launch: each path is the whole kernel.

@@ -45,8 +45,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tinyloop.backends.cuda.backend import CudaBackend  # noqa: E402
+from tinyloop.backends.cuda.compile import compile_options, kernel_path  # noqa: E402
 from tinyloop.backends.cuda.device import CupyDevice  # noqa: E402
 from tinyloop.backends.cuda.graphs import ForwardGraph, StepInputs  # noqa: E402
+from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa: E402
+from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView  # noqa: E402
 from tinyloop.engine.decode import prefill  # noqa: E402
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate  # noqa: E402
 from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
@@ -189,6 +192,16 @@ def linear_figures(cp, clock, backend, layer, rows: int, calls: int) -> dict:
         out[name] = {"shape": [weight.in_features, weight.out_features], "rows": rows,
                      "graph_us": graph * 1e6, "eager_us": eager * 1e6, "GB_s": moved / graph / 1e9,
                      "share_of_peak": moved / graph / HBM_BYTES_PER_S}
+        cap = backend.column_block_cap
+        if cap and rows <= 2:
+            # the same calls with a block per 8 columns (no column_block_cap): what running a
+            # warp's columns back to back buys, side by side
+            backend.column_block_cap = None
+            try:
+                out[name]["uncapped_graph_us"] = clock.captured_calls(call, calls) * 1e6
+            finally:
+                backend.column_block_cap = cap
+            out[name]["column_block_cap"] = cap
     return out
 
 
@@ -292,6 +305,45 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     return figures
 
 
+def attention_chunk_figures(xp, module_for, clock, contexts, calls: int, n_kv: int = 16, group: int = 1,
+                            head_dim: int = 128, chunk_sizes=(1, 4)) -> dict:
+    """One decode query's attention (fp16 KV, doc-407m's 16 kv heads of 128) at each context,
+    with the kernel compiled at each chunk size S (-DATT_CHUNK_BLOCKS, the launcher set to match):
+    a graph of `calls` launches each, the fused merge on. module_for(options) -> the attention
+    module. What S = 1 (shipped) buys over S = 4 (before), side by side."""
+    out = {}
+    shipped = attention_launch.CHUNK_BLOCKS
+    for context in contexts:
+        rows = -(-(context + 1) // 64) * 64
+        pool = DeviceKV.allocate("fp16", n_kv, rows, head_dim, xp)
+        for array in pool.arrays():
+            array[...] = 0.5 if array.dtype != xp.uint8 else 1
+        table = np.arange(rows // 64, dtype=np.int32)[None]
+        view = DeviceView(pool, table, xp.asarray(table), lambda buffer, values: None)
+        q = xp.ones((1, n_kv * group, head_dim), xp.float32)
+        result = xp.empty_like(q)
+        positions = xp.asarray(np.array([context], np.int32))
+        shared_end = xp.asarray(np.array([attention_launch.NO_TREE], np.int32))
+        counters = xp.zeros(n_kv, xp.uint32)
+        figures = {}
+        for size in chunk_sizes:
+            attention_launch.CHUNK_BLOCKS = size
+            try:
+                module = module_for(() if size == shipped else (f"-DATT_CHUNK_BLOCKS={size}",))
+                chunks = attention_launch.max_chunks(rows, 0, 0)
+                scratch = xp.empty(attention_launch.partial_floats(n_kv * group, head_dim, chunks), xp.float32)
+
+                def call(module=module, chunks=chunks, scratch=scratch):
+                    attention_launch.attention(module, view, q, 0, positions, 0, 0, shared_end, None, 0, 0.088,
+                                               result, scratch=scratch, chunks=chunks, counters=counters)
+                figures[f"S{size}_us"] = clock.captured_calls(call, calls) * 1e6
+                figures[f"S{size}_blocks"] = n_kv * chunks
+            finally:
+                attention_launch.CHUNK_BLOCKS = shipped
+        out[str(context)] = figures
+    return out
+
+
 def batch_figures(clock, model, loops: int, context: int, sizes, replays: int) -> dict:
     """B decode rows of B requests at `context` tokens each as one replayed batch graph, per B."""
     from tinyloop.kv.pool import KVPool
@@ -347,7 +399,12 @@ def summary_lines(report: dict) -> list[str]:
         for name, r in figures.items() if "error" not in figures else ():
             lines.append(f"{key} {name}: {r['graph_us']:.1f} us in a graph ({r['eager_us']:.1f} eager), "
                          f"{r['GB_s']:.0f} GB/s = {r['share_of_peak']:.0%} of 4.8 TB/s"
-                         + (f", row-invariant: {r['row_invariant']}" if "row_invariant" in r else ""))
+                         + (f", row-invariant: {r['row_invariant']}" if "row_invariant" in r else "")
+                         + (f", uncapped grid {r['uncapped_graph_us']:.1f} us" if "uncapped_graph_us" in r else ""))
+    chunks = report.get("attention_chunk_sizes", {})
+    for context, r in chunks.items() if isinstance(chunks, dict) and "error" not in chunks else ():
+        lines.append(f"attention, one query at {context}: " + ", ".join(
+            f"S = {k[1:-3]} {v:.1f} us ({r[k[:-3] + '_blocks']} blocks)" for k, v in r.items() if k.endswith("_us")))
     for c in report.get("contexts", []) if isinstance(report.get("contexts"), list) else ():
         lines.append(f"context {c['context']}: decode {c['decode_graph_us']:.0f} us/token as a graph "
                      f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
@@ -388,6 +445,10 @@ def main() -> int:
         ("linear_mma_16_rows", lambda: mma_linear_figures(cp, clock, backend, layer, 16, calls)),
         ("prefill_512_rows", lambda: prefill_linear(cp, clock, backend, layer, 512)),
         ("contexts", lambda: [context_figures(cp, clock, model, 8, c, replays, wall_steps) for c in args.contexts]),
+        ("attention_chunk_sizes", lambda: attention_chunk_figures(
+            cp, lambda options: cp.RawModule(code=kernel_path("attention").read_text(),
+                                             options=(*compile_options(), *options)),
+            clock, args.contexts, calls)),
         ("batch_decode_1k", lambda: batch_figures(clock, model, 8, 1024, (1, 2, 4, 8, 16), replays)),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
     ]

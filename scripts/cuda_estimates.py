@@ -146,20 +146,28 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
     if not loops:
         return None
     if kernel.startswith("linear_rows"):
-        # a chunk's batch loop (linear.cu rows_chunk): the loops that hold no other loop (an
-        # enclosing one counts its tile's staging and edges too); the 1-row chunk's is the one
-        # with the most loads (B = 8 words a lane, each with its scale and min), the 8-row
-        # chunk's the one with the most sums. It loads the next batch while it sums this one:
-        # one batch a warp in flight, one round an iteration.
-        inner = [l for l in loops if not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"]
-                                             for o in loops)] or loops
-        loop = max(inner, key=lambda l: l["float_ops"]) if rows > 1 else max(inner, key=lambda l: l["global_loads"])
+        # a chunk's batch loop (linear.cu): for one row, the resident loop (rows_resident, tagged)
+        # in its even form (whole batches: one arm, the fewest instructions); for more rows, the
+        # 8-row chunk's tile loop, the innermost loop (holding no other) with the most sums.
+        # Either loads the next batch while it sums this one: one batch a warp in flight, one
+        # round an iteration.
+        cpw = linear_launch.COLUMNS_PER_WORD.get(kernel.split("_")[2], 8)
+        innermost = [l for l in loops
+                     if not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"] for o in loops)]
+        # one row's loop: 4 float operations a weight (code * scale + min, then * x + sum)
+        resident = [l for l in innermost if "linear-rows-resident" in l["tags"]
+                    and l["float_ops"] == 4 * cpw * l["widths"].get("4", 0)]
+        tiled = [l for l in innermost if "linear-rows-resident" not in l["tags"]]
+        if rows == 1 and resident:
+            loop = min(resident, key=lambda l: l["instructions"])
+        else:
+            loop = max(tiled or loops, key=lambda l: l["float_ops"])
         # from DRAM: each word (a 4-byte load) and its share of a group's half scale and min,
         # which every lane loads for itself (2-byte loads) but 32 / CPW lanes share (groups of
         # 32 columns, as step_rows counts them)
         words = loop["widths"].get("4", 0)
-        cpw = linear_launch.COLUMNS_PER_WORD.get(kernel.split("_")[2], 8)
-        return LoopFigures(loop["instructions"], words * 4 + words * 4 * cpw / 32, 1)
+        params = words * 4 * cpw / 32 if "_int" in kernel else 0
+        return LoopFigures(loop["instructions"], words * 4 + params, 1)
     elif staged := [l for l in loops if "attention-stage" in l["tags"]]:
         loop = min(staged, key=lambda l: l["rounds"])          # a decode's blocks, not a tree's tail
     else:

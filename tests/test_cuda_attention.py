@@ -517,3 +517,22 @@ def test_a_fused_rope_gives_the_bits_of_rotated_queries(kernel_device, mode, bat
     want = kernel(kernel_device, dev, rope_rows(q, rotation), 1, positions)
     assert bits_equal(got, want)
     assert bits_equal(left[0], q)
+
+
+def test_bench_gpu_times_attention_at_both_chunk_sizes(kernel_device):
+    """scripts/bench_gpu.py's attention_chunk_sizes stage: one decode query's attention at S = 1
+    (shipped) and S = 4 (compiled with -DATT_CHUNK_BLOCKS=4, the launcher set to match while it
+    runs, then set back), reporting n_kv x chunks blocks for each."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    seen = []
+
+    class Clock:
+        def captured_calls(self, call, calls):
+            call()
+            seen.append(launch.CHUNK_BLOCKS)
+            return 1e-6
+    figures = bench_gpu.attention_chunk_figures(kernel_device.xp, lambda options: kernel_device.module("attention", options),
+                                                Clock(), [200], 2, n_kv=2, group=2, head_dim=32)
+    assert seen == [1, 4] and launch.CHUNK_BLOCKS == twin.CHUNK_BLOCKS == 1
+    assert figures["200"] == {"S1_us": 1.0, "S1_blocks": 2 * 4, "S4_us": 1.0, "S4_blocks": 2 * 1}

@@ -9,6 +9,8 @@ verify pass equals a sequential decode of each path bit for bit. With
 TINYLOOP_TEST_DEVICE=cuda (scripts/gpu_check.sh) the same tests run on CuPy and a GPU.
 """
 import os
+import sys
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
@@ -39,6 +41,7 @@ class HarnessDevice:
     name = "harness"
     xp = np
     tensor_cores = True           # the harness runs linear_tc.cu's stand-in for the mma instruction
+    column_block_cap = 3          # the rows linear's decode calls: warps run through several columns
 
     def __init__(self, order: str = "id"):
         from cudasim import load_module
@@ -398,3 +401,42 @@ def test_the_fused_gelu_gives_the_unfused_models_bits(tiny_files, monkeypatch):
             rows.append(model.backend.to_host(model.forward([7], [position], cache, loops)))
         results.append(np.concatenate(rows))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_files):
+    """scripts/bench_gpu.py's linear stage times each decode linear on the capped grid (the
+    backend's column_block_cap, which the harness device sets to 3) and again uncapped, side by
+    side, and leaves the cap as it found it; the grids really differ (the launches are counted)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    model = load_model(tiny_files["tiny-looped"], cuda_backend()).model
+    backend = model.backend
+    grids = []
+    module = backend._module("linear")
+    real = module.get_function
+
+    def counting(name):
+        fn = real(name)
+        return (lambda grid, block, args, **kw: (grids.append((name, grid[0])), fn(grid, block, args, **kw))) \
+            if name.startswith("linear_rows") else fn
+
+    class Clock:
+        def captured_calls(self, call, calls):
+            call()
+            return 2e-6 if backend.column_block_cap else 3e-6
+
+        def eager_calls(self, call, calls):
+            return 4e-6
+    module.get_function = counting
+    try:
+        figures = bench_gpu.linear_figures(np, Clock(), backend, model.weights.layers["core"][0], 1, 2)
+    finally:
+        module.get_function = real
+    assert backend.column_block_cap == 3
+    for name in ("qkv", "out", "up", "down"):
+        assert figures[name]["graph_us"] == 2.0 and figures[name]["uncapped_graph_us"] == 3.0
+        assert figures[name]["column_block_cap"] == 3
+    columns = model.weights.layers["core"][0].up.out_features
+    assert ("linear_rows_" + model.weights.layers["core"][0].up.segments[0].kernel, min(3, -(-columns // 8))) in grids
+    assert ("linear_rows_" + model.weights.layers["core"][0].up.segments[0].kernel, -(-columns // 8)) in grids
+

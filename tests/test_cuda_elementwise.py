@@ -40,9 +40,9 @@ def device_bits_equal(device, got, want) -> bool:
 
 def test_embed_rows(kernel_device):
     rng = np.random.default_rng(0)
-    table = rng.standard_normal((50, 300)).astype(F)
+    table = rng.standard_normal((50, 1100)).astype(F)     # 1,024 a thread batch: two, the second partial
     ids = np.array([0, 49, 7, 7, 13], np.int32)
-    out = kernel_device.empty((5, 300), F)
+    out = kernel_device.empty((5, 1100), F)
     launch.embed(kernel_device.module("elementwise"), kernel_device.asarray(table), kernel_device.asarray(ids), out)
     assert bits_equal(kernel_device.to_host(out), table[ids])
 
@@ -60,7 +60,7 @@ def test_add_rows_in_place(kernel_device):
     assert bits_equal(kernel_device.to_host(device_a), expected)
 
 
-@pytest.mark.parametrize("rows, width", [(1, 64), (65, 1000), (4, 2304), (3, 10)])
+@pytest.mark.parametrize("rows, width", [(1, 64), (65, 1000), (4, 2304), (3, 10), (2, 5000)])   # 2048 a batch
 @pytest.mark.parametrize("norm", ["rms", "layer", "layer_no_bias"])
 def test_norms_match_twin_and_cpu(kernel_device, norm, rows, width):
     rng = np.random.default_rng(rows * width)

@@ -43,9 +43,10 @@ def inputs(rng, rows: int, n_in: int) -> np.ndarray:
     return rng.standard_normal((rows, n_in)).astype(np.float32)                 # (T, in)
 
 
-def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0), tensor_cores=False):
+def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0), tensor_cores=False, cap=None):
     """The launcher on the device; x and out may sit inside wider buffers (row strides,
-    column offsets); tensor_cores: pass it the linear_tc module. -> (T, out) host float32."""
+    column offsets); tensor_cores: pass it the linear_tc module; cap: its column_block_cap.
+    -> (T, out) host float32."""
     # device.asarray: on the harness, arrays that end against an inaccessible page
     packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     rows, n_in = x.shape
@@ -55,7 +56,7 @@ def run_kernel(device, parts, bias, x, exact=True, out_pad=(0, 0), x_pad=(0, 0),
     out = device.zeros((rows, out_pad[0] + packed.out_features + out_pad[1]), np.float32)
     launch.linear(device.module("linear"), x_dev, packed,
                   out[:, out_pad[0]:out_pad[0] + packed.out_features], exact,
-                  device.module("linear_tc") if tensor_cores else None)
+                  device.module("linear_tc") if tensor_cores else None, column_block_cap=cap)
     result = device.to_host(out)
     assert not result[:, :out_pad[0]].any() and not result[:, out_pad[0] + packed.out_features:].any()
     return result[:, out_pad[0]:out_pad[0] + packed.out_features]
@@ -123,6 +124,45 @@ def test_groups_found_by_multiply_equal_division(kernel_device, group):
     parts = [weight_part("int4" if group % 8 == 0 else "int8", rng, 9, 1000, group=group)]
     x = inputs(rng, 2, 1000)
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+@pytest.mark.parametrize("n_in", [700, 2048, 2500])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
+def test_capped_grid_runs_columns_back_to_back(kernel_device, kind, scale_dtype, rows, n_in):
+    """With fewer column blocks than columns / 8 (column_block_cap) each warp sums several
+    columns in turn, the next column's first batch in flight: 45 columns (6 blocks' worth, the
+    last one short) over 1, 2 and 5 blocks, act-order, rows of 700 inputs (one partial batch a
+    column), 2,048 (whole batches: the even loop, but for int2 at one row) and 2,500
+    (whole batches, then a partial one): every cap gives the uncapped bits, and the twin's."""
+    rng = np.random.default_rng(40 + rows + n_in)
+    group = 32 if n_in == 2048 else ODD_GROUP[kind] or 32          # 2,048 in groups of 32: whole words
+    parts = [weight_part(kind, rng, 45, n_in, group, act_order=kind.startswith("int"), scale_dtype=scale_dtype)]
+    bias = rng.standard_normal(45).astype(np.float32)
+    x = inputs(rng, rows, n_in)
+    want = twin_rows(parts, bias, x)
+    for cap in (None, 1, 2, 5):
+        assert_bits_equal(run_kernel(kernel_device, parts, bias, x, cap=cap), want)
+
+
+def test_capped_grid_on_the_tiled_path(kernel_device, monkeypatch):
+    """The kernel takes a capped grid on its tiled path too (the launcher caps only resident
+    calls): 9 rows (an 8-row chunk over two tiles, then a resident 1-row chunk), 45 columns on
+    2 blocks: the twin's bits."""
+    monkeypatch.setattr(launch, "rows_resident", lambda seg, n_rows: True)
+    rng = np.random.default_rng(47)
+    parts = [weight_part("int4", rng, 45, 1100, 32)]
+    x = inputs(rng, 9, 1100)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x, cap=2), twin_rows(parts, None, x))
+
+
+def test_the_launcher_caps_only_resident_calls():
+    """rows_resident mirrors linear.cu: 1 or 2 rows whose stored words fit one staged tile."""
+    seg = SimpleNamespace(kind="int4", words_per_row=1024)       # 8,192 stored columns
+    assert launch.rows_resident(seg, 1) and not launch.rows_resident(seg, 2) and not launch.rows_resident(seg, 3)
+    assert launch.rows_resident(SimpleNamespace(kind="int4", words_per_row=512), 2)
+    assert not launch.rows_resident(SimpleNamespace(kind="int4", words_per_row=1056), 1)
+    assert launch.rows_resident(SimpleNamespace(kind="f32", words_per_row=8192), 1)
 
 
 def test_group_lookup_bound_is_checked():

@@ -89,6 +89,9 @@ class CudaBackend(Backend):
         # exact int4 linears on tensor cores: asked for (TINYLOOP_CUDA_MMA_ROWS), and sm_80+
         self.mma_rows = (mma_rows_enabled() if mma_rows is None else mma_rows) and self.tensor_cores
         self._mma_path = None            # the MmaPath every exact linear call takes, made once
+        # the rows linear's decode calls on at most this many column blocks (the blocks the device
+        # holds at once: launch/linear.py column_block_cap); None: a block per 8 columns
+        self.column_block_cap = getattr(device, "column_block_cap", None)
         self._static = None              # StepInputs while a decode step is being captured
         self._static_batch = None        # BatchInputs while a batch of decode steps is run as a graph
         self._static_part = None         # the part whose plan is being made under _static_batch
@@ -262,7 +265,7 @@ class CudaBackend(Backend):
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
         return linear.linear(self._module("linear"), x, weight, out, exact,
                              self._module("linear_tc") if tensor_cores else None, residual, activation,
-                             self._mma() if exact and self.mma_rows else None)
+                             self._mma() if exact and self.mma_rows else None, self.column_block_cap)
 
     def _mma(self) -> MmaPath:
         """What linear_mma needs, made on first use: its module, its split partials and its

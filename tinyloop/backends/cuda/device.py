@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.cuda.compile import compile_options, kernel_path
+from tinyloop.backends.cuda.launch.linear import ROWS_BLOCKS_PER_SM
 
 ARENA_BYTES = 256 << 20      # a captured step's arena when its warm-up was not measured (doc-407m decode: ~10 MiB)
 ARENA_SLACK = 4 << 20        # on top of what the warm-up allocated (alignment, the host-side plan's uploads)
@@ -47,6 +48,14 @@ class CupyDevice:
         if name not in self._modules:
             self._modules[name] = self.xp.RawModule(code=kernel_path(name).read_text(), options=compile_options())
         return self._modules[name]
+
+    @property
+    def column_block_cap(self) -> int:
+        """The rows linear's blocks the device holds at once (launch/linear.py column_block_cap)."""
+        if not hasattr(self, "_column_block_cap"):
+            sms = self.xp.cuda.runtime.deviceGetAttribute(16, self.xp.cuda.Device().id)   # MultiProcessorCount
+            self._column_block_cap = int(sms) * ROWS_BLOCKS_PER_SM
+        return self._column_block_cap
 
     @property
     def tensor_cores(self) -> bool:

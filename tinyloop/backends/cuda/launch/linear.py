@@ -28,6 +28,8 @@ from tinyloop.backends.cuda.launch.packing import COLUMNS_PER_WORD, PackedLinear
 ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
 ROWS_THREADS = ROWS_WARPS * 32
 ROWS_PER_BLOCK = 16            # rows per block when the column grid alone leaves SMs idle
+ROWS_STAGE_FLOATS = 8192       # LIN_STAGE_FLOATS: inputs a rows block stages at once
+ROWS_BLOCKS_PER_SM = 2         # __launch_bounds__(256, 2) on the rows kernels
 FEW_COLUMN_BLOCKS = 512        # below this many column blocks (~4 per H200 SM), split rows too
 BULK_TILE = 64                 # rows and columns per bulk block: BULK_ROWS, BULK_COLS (TC_ROWS, TC_COLS)
 BULK_THREADS = 256
@@ -75,15 +77,30 @@ def mma_split_k(stored_columns: int, n_out: int) -> int:
     return _blocks(chunks, splits) * MMA_CHUNK
 
 
+def rows_tile_words(cpw: int, rows: int) -> int:
+    """linear.cu rows_tile_words: stored words of a chunk of `rows` rows staged at once."""
+    return max(32, ROWS_STAGE_FLOATS // (rows * cpw) // 32 * 32)
+
+
+def rows_resident(seg, n_rows: int) -> bool:
+    """Whether linear.cu runs the call's chunks on its resident path (rows_resident: 1 or 2 rows
+    whose stored words fit one tile), where a warp runs through several columns back to back."""
+    return n_rows <= 2 and seg.words_per_row <= rows_tile_words(COLUMNS_PER_WORD[seg.kind], n_rows)
+
+
 def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None,
-           mma: MmaPath | None = None):
+           mma: MmaPath | None = None, column_block_cap: int | None = None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32, or float16 with an
     activation (row stride free) <- x @ W.T + bias (+ residual: (T, out) float32, row stride
     free, not overlapping out; the residual add fused into the kernels' epilogue, the bits of
     residual + (x @ W.T + bias)), then (activation "gelu") GELU, fused likewise: the bits of the
     gelu_tanh kernel on the float result, rounded to half where out is float16.
     tc_module: the linear_tc module, for bulk calls with a float16 x. mma: the tensor-core
-    path for exact calls (MmaPath), for the segments it takes."""
+    path for exact calls (MmaPath), for the segments it takes. column_block_cap: at most this
+    many column blocks for a call on the rows kernels' resident path (the backend passes the
+    blocks the device holds at once, ROWS_BLOCKS_PER_SM an SM): each warp then sums several
+    columns back to back with the next one's weights in flight, and the block stages its
+    inputs once for all of them. It changes no bit: which warp sums a column never does."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
@@ -127,6 +144,8 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             column_blocks = _blocks(seg.out_features, ROWS_WARPS)
             # Which rows share a block changes no row's bits: split rows only for parallelism.
             rows_per_block = ROWS_PER_BLOCK if column_blocks < FEW_COLUMN_BLOCKS else n_rows
+            if column_block_cap and rows_resident(seg, n_rows):
+                column_blocks = min(column_blocks, column_block_cap)
             grid = (column_blocks, _blocks(n_rows, rows_per_block))
             block = (ROWS_THREADS,)
         any_float = seg.weights                          # a valid pointer for unused arguments
