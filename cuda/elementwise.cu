@@ -6,25 +6,7 @@
 // order the twin spells out, so kernel, harness and twin agree bit for bit. The norms'
 // row reductions depend only on D and the fixed block size, never on T: a row's result
 // is the same alone or in a 65-row call.
-#include "common.cuh"
-
-#define TL_NORM_THREADS 256                   // the norms' block size: part of their sum order
-#define TL_NORM_WARPS (TL_NORM_THREADS / 32)
-// Elements a thread loads before it uses any: a pass over a 2,048-wide row is one round trip
-// (a loop that loads, then adds, waits a round trip per element: the H200 timed layer_norm
-// at 8 us, three passes of 8). Only the loads move: each thread still adds its elements
-// t, t + 256, ... in order.
-#define TL_NORM_BATCH 8
-#define TL_NORM_STEP (TL_NORM_BATCH * TL_NORM_THREADS)
-
-// This thread's elements base, base + 256, ..., TL_NORM_BATCH of them, of a row (0 past D).
-__device__ __forceinline__ void norm_batch(const float* v, int base, int D, float* out) {
-#pragma unroll
-    for (int k = 0; k < TL_NORM_BATCH; k++) {
-        int i = base + k * TL_NORM_THREADS;
-        out[k] = i < D ? v[i] : 0.0f;
-    }
-}
+#include "norm.cuh"
 
 // table: (V, D), ids: (T,), out: (T, D). One block per row; ids are trusted (< V).
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* out, int T, int D) {
@@ -54,27 +36,6 @@ extern "C" __global__ void add_rows(const float* a, const float* b, float* out, 
         out[i] = tl_add(a[i], b[i]);
 }
 
-// Sum of one value per thread in a fixed tree: the xor butterfly inside each warp
-// (tl_warp_sum), then the 8 warp totals in a halving tree (4, 2, 1) in warp 0.
-// Every thread gets the total. `slots` is TL_NORM_WARPS shared floats.
-__device__ float norm_block_sum(float v, float* slots) {
-    v = tl_warp_sum(v);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) slots[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float w = lane < TL_NORM_WARPS ? slots[lane] : 0.0f;
-        for (int offset = TL_NORM_WARPS / 2; offset > 0; offset >>= 1)   // lanes >= 8 never reach lane 0
-            w = tl_add(w, __shfl_xor_sync(TL_FULL_MASK, w, offset));
-        if (lane == 0) slots[TL_NORM_WARPS] = w;
-    }
-    __syncthreads();
-    // No barrier needed before the slots are reused: the next sum writes slots[warp] only
-    // after every thread has passed this call's second barrier (warp 0 read them before
-    // it), and slots[8] only after its own first barrier (every thread read it before).
-    return slots[TL_NORM_WARPS];
-}
-
 // x: (T, D) with row stride x_stride floats, weight: (D,), out: (T, D) contiguous, float or
 // (out_half: a linear's input under fp16 activations) half; a float out may be x itself
 // when x_stride == D (each thread reads its elements before writing them).
@@ -85,16 +46,7 @@ rms_norm(const float* x, int x_stride, const float* weight, void* out, int out_h
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     long long row = (long long)blockIdx.x * D;
-    float partial = 0.0f;
-    for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-        float v[TL_NORM_BATCH];
-        norm_batch(xr, base, D, v);
-#pragma unroll
-        for (int k = 0; k < TL_NORM_BATCH; k++)
-            if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, tl_mul(v[k], v[k]));
-    }
-    float mean_square = tl_div(norm_block_sum(partial, slots), (float)D);
-    float inv = tl_div(1.0f, __fsqrt_rn(tl_add(mean_square, eps)));
+    const NormStats stats = norm_stats(TL_NORM_RMS, xr, D, eps, slots);
     for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
         float v[TL_NORM_BATCH], w[TL_NORM_BATCH];
         norm_batch(xr, base, D, v);
@@ -102,7 +54,7 @@ rms_norm(const float* x, int x_stride, const float* weight, void* out, int out_h
 #pragma unroll
         for (int k = 0; k < TL_NORM_BATCH; k++) {
             int i = base + k * TL_NORM_THREADS;
-            if (i < D) tl_store(out, row + i, tl_mul(tl_mul(v[k], inv), w[k]), out_half);
+            if (i < D) tl_store(out, row + i, norm_apply(TL_NORM_RMS, v[k], stats, w[k], 0.0f), out_half);
         }
     }
 }
@@ -116,27 +68,8 @@ layer_norm(const float* x, int x_stride, const float* weight, const float* bias,
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     long long row = (long long)blockIdx.x * D;
-    float partial = 0.0f;
-    for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-        float v[TL_NORM_BATCH];
-        norm_batch(xr, base, D, v);
-#pragma unroll
-        for (int k = 0; k < TL_NORM_BATCH; k++)
-            if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, v[k]);
-    }
-    float mean = tl_div(norm_block_sum(partial, slots), (float)D);
-    partial = 0.0f;
-    for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-        float v[TL_NORM_BATCH];
-        norm_batch(xr, base, D, v);
-#pragma unroll
-        for (int k = 0; k < TL_NORM_BATCH; k++) {
-            float c = tl_sub(v[k], mean);
-            if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, tl_mul(c, c));
-        }
-    }
-    float variance = tl_div(norm_block_sum(partial, slots), (float)D);
-    float inv = tl_div(1.0f, __fsqrt_rn(tl_add(variance, eps)));
+    const int kind = has_bias ? TL_NORM_LAYER_BIAS : TL_NORM_LAYER;
+    const NormStats stats = norm_stats(kind, xr, D, eps, slots);
     for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
         float v[TL_NORM_BATCH], w[TL_NORM_BATCH], b[TL_NORM_BATCH];
         norm_batch(xr, base, D, v);
@@ -145,9 +78,7 @@ layer_norm(const float* x, int x_stride, const float* weight, const float* bias,
 #pragma unroll
         for (int k = 0; k < TL_NORM_BATCH; k++) {
             int i = base + k * TL_NORM_THREADS;
-            if (i >= D) continue;
-            float y = tl_mul(tl_mul(tl_sub(v[k], mean), inv), w[k]);
-            tl_store(out, row + i, has_bias ? tl_add(y, b[k]) : y, out_half);
+            if (i < D) tl_store(out, row + i, norm_apply(kind, v[k], stats, w[k], has_bias ? b[k] : 0.0f), out_half);
         }
     }
 }

@@ -43,6 +43,9 @@
 // is summed, so a warp always has a batch in flight (a 1-row lane 8 words; the old tile loop
 // had at most 2 behind each barrier pair, and 16 barrier pairs on the down projection). A
 // word's group comes from a high multiply (linear_kinds.cuh group_magic), not a division.
+// A launch may carry the pre-norm (a.norm, launch/linear.py NormFold): x is then the residual
+// stream h, each chunk's rows get their statistics from norm.cuh (the norm kernels' code) and
+// are staged as norm(h): the bits of the norm launch followed by this one.
 // Launch: block (256,), grid (ceil(n_out / 8), ceil(n_rows / rows_per_block)).
 //
 // linear_bulk_*: prefill, any number of rows, not row-invariant. A 64-row x 64-column
@@ -50,6 +53,7 @@
 // a time: inputs (permuted) and dequantized weights both go through shared memory.
 // Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
 #include "linear_kinds.cuh"
+#include "norm.cuh"
 
 // The rows kernels are declared __launch_bounds__(256, 2): two blocks per SM, so ptxas
 // budgets 128 registers: a lane holds two batches of LIN_BATCH words with their scales and
@@ -95,11 +99,36 @@ __device__ __forceinline__ float vec_at(const float4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// The fused pre-norm (a.norm): the statistics of rows row0..row0+R-1 of the residual stream x,
+// by norm.cuh's norm_stats (the rms_norm / layer_norm kernels' own arithmetic, over the block's
+// 256 threads as theirs), into st (thread 0 writes them; every thread calls this, it holds
+// barriers, and the staging after the caller's next barrier reads them).
+template <int R>
+__device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, NormStats* st, float* slots) {
+    for (int r = 0; r < R; r++) {
+        const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride;
+        NormStats row = norm_stats(a.norm, xr, a.in_features, a.norm_eps, slots);
+        if (threadIdx.x == 0) st[r] = row;
+    }
+}
+
+// The input feeding stored column j of row t under the fused norm: the norm kernel's output
+// element (rounded to half and widened back where that output would be half), 0 for padding.
+__device__ __forceinline__ float normed_input(const LinearArgs& a, int t, int j, const NormStats& st) {
+    int source = j < a.stored_in ? (TL_HAS_PERM(a) ? a.perm[j] : j) : a.in_features;
+    if (source >= a.in_features) return 0.0f;
+    float x = static_cast<const float*>(a.x)[(long long)t * a.x_stride + source];
+    float v = norm_apply(a.norm, x, st, a.norm_weight[source], a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias[source] : 0.0f);
+    return a.norm_half ? __half2float(__float2half_rn(v)) : v;
+}
+
 // Stage rows row0..row0+R-1, the `words` stored words from column col0 on (words <= TW; the
-// sums never read past them), into xs (layout above, TW words a row). Consecutive threads
-// read consecutive stored columns of a row (coalesced where there is no permutation).
+// sums never read past them), into xs (layout above, TW words a row), normalized on the way
+// where the norm is fused (st: the rows' statistics). Consecutive threads read consecutive
+// stored columns of a row (coalesced where there is no permutation).
 template <int CPW, int R, int TW, class X>
-__device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, int words, float* xs) {
+__device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, int words, float* xs,
+                                           const NormStats* st) {
     const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
     const int cols = words * CPW;
 #pragma unroll 4
@@ -107,7 +136,7 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
         int r = i / cols, col = i % cols;
         int word = col / CPW, slot = col % CPW;
         xs[((r * PARTS + slot / VEC) * TW + word) * VEC + slot % VEC] =
-            stored_input<X>(a, row0 + r, col0 + col);
+            a.norm ? normed_input(a, row0 + r, col0 + col, st[r]) : stored_input<X>(a, row0 + r, col0 + col);
     }
 }
 
@@ -185,7 +214,7 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane), so no
 // batch is clamped or checked and the loop has one arm.
 template <class Kind, class X, int R, bool EVEN>
-__device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs) {
+__device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
     const int B = rows_batch(R);
@@ -200,8 +229,9 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     // a column's pointers are found again at each load (a few instructions a batch), not kept:
     // the registers go to the batches in flight
     if (any) load_batch<Kind, B, !EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
-    __syncthreads();                        // the previous chunk's readers are done with xs
-    stage_rows<CPW, R, TW, X>(a, row0, 0, W, xs);
+    if (a.norm) rows_norm_stats<R>(a, row0, st, slots);
+    __syncthreads();                        // the previous chunk's readers are done with xs; st is written
+    stage_rows<CPW, R, TW, X>(a, row0, 0, W, xs, st);
     __syncthreads();
     if (!any) return;
 
@@ -246,12 +276,13 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
 // batch while the one before it is summed, so no load waits behind a barrier. (With fewer
 // blocks than columns / 8 the tiles are staged again for each column.)
 template <class Kind, class X, int R>
-__device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs) {
+__device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
     const int B = rows_batch(R);
     const int STEP = 32 * B;                // words a batch covers
     const unsigned magic = group_magic(a.group_size);
+    if (a.norm) rows_norm_stats<R>(a, row0, st, slots);     // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
     for (int c0 = blockIdx.x * LIN_WARPS; c0 < a.n_out; c0 += gridDim.x * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
@@ -267,7 +298,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
             typename Kind::Params params[B], next_params[B];
             load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
             __syncthreads();                // the previous tile's readers are done with xs
-            stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, end - tile, xs);
+            stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, end - tile, xs, st);
             __syncthreads();
             int base = tile;
             // whole batches while the next one is whole too: no clamps, no checks
@@ -299,35 +330,38 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
 // R rows starting at row0, every column of the block's (all warps of the block call it: it
 // holds barriers). Which path depends on the launch alone (block-uniform).
 template <class Kind, class X, int R>
-__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs) {
+__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
-        if (a.words_per_row % (32 * rows_batch(R)) == 0) rows_resident<Kind, X, R, true>(a, row0, xs);
-        else rows_resident<Kind, X, R, false>(a, row0, xs);
+        if (a.words_per_row % (32 * rows_batch(R)) == 0) rows_resident<Kind, X, R, true>(a, row0, xs, st, slots);
+        else rows_resident<Kind, X, R, false>(a, row0, xs, st, slots);
     } else {
-        rows_tiled<Kind, X, R>(a, row0, xs);
+        rows_tiled<Kind, X, R>(a, row0, xs, st, slots);
     }
 }
 
 template <class Kind, class X>
-__device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs) {
+__device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs, NormStats* st, float* slots) {
     int row = blockIdx.y * a.rows_per_block;
     int end = min(row + a.rows_per_block, a.n_rows);
     // chunk sizes depend only on the block's row count (block-uniform, as the barriers need)
-    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, xs);
-    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, xs); row += 4; }
-    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, xs); row += 2; }
-    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, xs);
+    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, xs, st, slots);
+    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, xs, st, slots); row += 4; }
+    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, xs, st, slots); row += 2; }
+    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, xs, st, slots);
 }
 
 // The activations' type (x_half) is chosen once per launch: each path is the whole kernel.
+// Under a fused norm x is the float residual stream (the launcher sets x_half = 0).
 template <class Kind>
 __device__ __forceinline__ void linear_rows(const LinearArgs& a) {
     __shared__ __align__(16) float xs[LIN_STAGE_FLOATS];     // 32 KiB
-    if (a.x_half) linear_rows_of<Kind, __half>(a, xs);
-    else linear_rows_of<Kind, float>(a, xs);
+    __shared__ NormStats st[LIN_CHUNK];                      // the fused norm's rows
+    __shared__ float slots[TL_NORM_WARPS + 1];               // its block sums
+    if (a.x_half) linear_rows_of<Kind, __half>(a, xs, st, slots);
+    else linear_rows_of<Kind, float>(a, xs, st, slots);
 }
 
 // -- the bulk path ------------------------------------------------------------------------------

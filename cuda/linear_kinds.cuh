@@ -24,6 +24,11 @@ struct LinearArgs {
     const float* residual; int has_residual; int residual_stride;  // y = residual + x W^T (+ bias)
     void* y; int y_stride; int y_offset;           // float, or half when y_half
     int act; int y_half;                           // act 1: GELU (tanh) of the output, fused
+    // the pre-norm fused into the rows kernels' staging (linear.cu; 0 elsewhere): norm is its
+    // kind (norm.cuh TL_NORM_*: x is then the float residual stream, normalized as it is staged),
+    // norm_half 1: each normalized value rounded to half, as a norm kernel writing a half
+    // output (fp16 activations) would leave it for this linear
+    const float* norm_weight; const float* norm_bias; int norm; int norm_half; float norm_eps;
 };
 
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
@@ -192,7 +197,8 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
     const S *scale, const S *mins, int groups, int group_size,                                        \
     const int *perm, int has_perm, int stored_in, int in_features,                                    \
     const float *bias, int has_bias, const float *residual, int has_residual, int residual_stride,    \
-    void *y, int y_stride, int y_offset, int act, int y_half
+    void *y, int y_stride, int y_offset, int act, int y_half,                                          \
+    const float *norm_weight, const float *norm_bias, int norm, int norm_half, float norm_eps
 
 // The entry points' argument list as a LinearArgs.
 // The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
@@ -202,4 +208,5 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
 // GELU of that (the MLP's up projection: one launch fewer), y_half = 1: y is half.
 #define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
                      groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias,      \
-                     residual, has_residual, residual_stride, y, y_stride, y_offset, act, y_half}
+                     residual, has_residual, residual_stride, y, y_stride, y_offset, act, y_half,     \
+                     norm_weight, norm_bias, norm, norm_half, norm_eps}

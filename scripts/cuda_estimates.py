@@ -55,15 +55,17 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
     return n_out * n_in * bits // 8 + n_out * (n_in // 32) * 4 + n_in * 4 + n_out * 4 + (n_out * 4 if bias else 0)
 
 
-def step_rows(s: dict) -> list[tuple[str, int, int]]:
-    """(kernel, bytes per call, calls per token) of one decode step."""
+def step_rows(s: dict, fused_norm: bool = True) -> list[tuple[str, int, int]]:
+    """(kernel, bytes per call, calls per token) of one decode step. fused_norm (the default
+    path; not with TINYLOOP_CUDA_MMA_ROWS): each pre-norm and the final norm ride on the linear
+    after them (qkv, up, head), which read the residual row h instead of the norm's output."""
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
     chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // CHUNK_KEYS) * 4       # written by pass 1, read by the merge
     rows = [
         ("embed_rows", 2 * d * 4, 1),
-        (norm, 3 * d * 4, 2 * n + 1),
+        *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
         ("linear_rows qkv", packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"]), n),
         # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
         # queries as it loads them; each reads the rotation row
@@ -274,7 +276,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
     att_blocks = s["kv"] * (CONTEXT // CHUNK_KEYS) * rows
     out = []
-    for name, nbytes, calls in step_rows(s):
+    for name, nbytes, calls in step_rows(s, fused_norm=not mma):
         fraction, detail, extra_s = 1.0, None, 0.0
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         call = mma_call(linear_in[name], linear_warps[name], rows, sass) \
@@ -362,7 +364,9 @@ def latency_table(sass: dict | None = None) -> str:
 
 
 def tables() -> str:
-    lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s.", ""]
+    lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
+             "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h)); "
+             "with `TINYLOOP_CUDA_MMA_ROWS=1` they are launches of their own again.", ""]
     for name, shape in SHAPES.items():
         rows = step_rows(shape)
         lines += [f"**{name}**", "", "| kernel | bytes / call | us / call at 4.8 TB/s | calls / token | "

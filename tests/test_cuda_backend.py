@@ -440,3 +440,34 @@ def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_fi
     assert ("linear_rows_" + model.weights.layers["core"][0].up.segments[0].kernel, min(3, -(-columns // 8))) in grids
     assert ("linear_rows_" + model.weights.layers["core"][0].up.segments[0].kernel, -(-columns // 8)) in grids
 
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset,activations", [("tiny-looped", "fp32"), ("tiny-looped-gpt", "fp32"),
+                                                ("tiny-looped int4", "fp16"), ("tiny-looped-gpt int4", "fp16")])
+def test_the_fused_norm_gives_the_unfused_models_bits(tiny_files, preset, activations):
+    """Norms inside the exact linears (fuses_norm, the default: the rows kernels stage norm(h))
+    against the norm kernel then the linear (the attribute off on one backend): the same logits
+    bit for bit for a prefill, three decode steps and a 5-row verify-shaped forward, on an RMS
+    and SwiGLU model and a layer-norm (with bias) and GELU one, float and half activations. The
+    fused decode step launches no norm kernel at all (the final norm rides on the head)."""
+    results, decode_norms = [], []
+    for fused in (True, False):
+        backend = cuda_backend(activations=activations)
+        backend.fuses_norm = fused
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files[preset], backend).model
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
+        cache = model.new_cache(len(prompt) + 12, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        before = {k: v for k, v in counts.items() if k in ("rms_norm", "layer_norm")}
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
+        decode_norms.append(sum(counts.get(k, 0) for k in ("rms_norm", "layer_norm")) - sum(before.values()))
+        start = len(prompt) + 3
+        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
+        results.append(np.concatenate(rows))
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    assert decode_norms[0] == 0 and decode_norms[1] > 0, decode_norms

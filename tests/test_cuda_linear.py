@@ -561,3 +561,71 @@ def test_model_shapes(kernel_device, parts_shape, rows):
     parts = [weight_part("int4", rng, n_out, n_in, group=128) for n_out, n_in in parts_shape]
     x = inputs(rng, rows, parts_shape[0][1])
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
+# -- the pre-norm fused into the rows kernels' staging -------------------------------------------
+def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None, fused=True):
+    """h (T, in) float32 through norm then the linear on the device: fused (one rows launch that
+    stages norm(h)) or as two launches (the norm kernel, its output half where `half`, then the
+    linear). -> (T, out) host float32."""
+    from tinyloop.backends.cuda.launch import elementwise
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
+    h_dev = device.asarray(h)
+    w_dev = device.asarray(norm_w)
+    b_dev = None if norm_b is None else device.asarray(norm_b)
+    out = device.zeros((h.shape[0], packed.out_features), np.float32)
+    if fused:
+        launch.linear(device.module("linear"), h_dev, packed, out, True, column_block_cap=cap,
+                      norm=launch.NormFold(norm, w_dev, b_dev, 1e-5, half))
+    else:
+        x = device.zeros(h.shape, np.float16 if half else np.float32)
+        if norm == "rms":
+            elementwise.rms_norm(device.module("elementwise"), h_dev, w_dev, 1e-5, x)
+        else:
+            elementwise.layer_norm(device.module("elementwise"), h_dev, w_dev, b_dev, 1e-5, x)
+        launch.linear(device.module("linear"), x, packed, out, True, column_block_cap=cap)
+    return device.to_host(out)
+
+
+@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 1100, None), (3, 80, None)])
+@pytest.mark.parametrize("norm,with_bias", [("rms", False), ("layer", False), ("layer", True)])
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("kind", ["int4", "int8", "f16", "f32"])
+def test_a_fused_norm_gives_the_bits_of_the_norm_launch_then_the_linear(kernel_device, kind, half, norm, with_bias,
+                                                                        rows, n_in, cap):
+    """The rows kernels staging norm(h) (rms, layer, layer with a bias; its output as float or
+    rounded to half) give the bits of the norm kernel then the linear, and the twins' (the norm
+    twin, half where half, then the linear twin): decode rows on the resident path (capped grid
+    too), 2 rows, an 8-row chunk over two tiles then a 1-row chunk, act-order weights."""
+    from tinyloop.backends.reference.twins import elementwise as twin_elementwise
+    rng = np.random.default_rng(rows * 1000 + n_in)
+    parts = [weight_part(kind, rng, 21, n_in, group=32, act_order=kind.startswith("int"))]
+    bias = rng.standard_normal(21).astype(np.float32)
+    h = (rng.standard_normal((rows, n_in)) * 3 + 0.5).astype(np.float32)
+    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    norm_b = rng.standard_normal(n_in).astype(np.float32) if with_bias else None
+    fused = fused_norm_call(kernel_device, parts, bias, h, norm, norm_w, norm_b, half, cap)
+    apart = fused_norm_call(kernel_device, parts, bias, h, norm, norm_w, norm_b, half, cap, fused=False)
+    assert_bits_equal(fused, apart)
+    normed = (twin_elementwise.rms_norm(h, norm_w, 1e-5) if norm == "rms"
+              else twin_elementwise.layer_norm(h, norm_w, norm_b, 1e-5))
+    if half:
+        normed = normed.astype(np.float16).astype(np.float32)
+    assert_bits_equal(fused, twin_rows(parts, bias, normed))
+
+
+def test_a_fused_norm_is_refused_where_it_cannot_run():
+    """Only an exact call on the rows kernels with a float32 x takes a fused norm, and an RMS norm
+    has no bias: anything else is a clear error, not other bits."""
+    rng = np.random.default_rng(3)
+    packed = pack_linear([weight_part("int4", rng, 8, 64)], None, np, keep_f16=True)
+    out = np.zeros((1, 8), np.float32)
+    fold = launch.NormFold("rms", np.ones(64, np.float32), None, 1e-5)
+    cases = [(dict(exact=False), "rows kernels only"),
+             (dict(x=np.ones((1, 64), np.float16)), "rows kernels only"),
+             (dict(norm=launch.NormFold("rms", np.ones(64, np.float32), np.ones(64, np.float32), 1e-5)), "no bias"),
+             (dict(norm=launch.NormFold("batch", np.ones(64, np.float32), None, 1e-5)), "norm kind")]
+    for change, message in cases:
+        call = dict(x=np.ones((1, 64), np.float32), exact=True, norm=fold) | change
+        with pytest.raises(ValueError, match=message):
+            launch.linear(None, call["x"], packed, out, call["exact"], norm=call["norm"])

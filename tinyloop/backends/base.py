@@ -50,6 +50,9 @@ class Backend(abc.ABC):
     # RoPE inside kv_write and attention (rope=True; the CUDA backend: one launch fewer a layer);
     # else the model calls rope() on q and k first
     fuses_rope: bool = False
+    # the pre-norm inside an exact linear call (norm_linear: the CUDA rows kernels stage norm(h):
+    # one launch fewer per norm); else the model calls the norm, then the linear
+    fuses_norm: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -135,6 +138,15 @@ class Backend(abc.ABC):
         """gelu(linear(x, weight, exact)), the bits of the two calls: a GPU backend fuses the
         activation into the linear's epilogue (one launch fewer per layer)."""
         return self.gelu(self.linear(x, weight, exact))
+
+    def norm_linear(self, h, norm: str, norm_weight, norm_bias, eps: float, weight, exact: bool,
+                    gelu: bool = False):
+        """linear(norm(h)) (norm "rmsnorm" or "layernorm", its output feeding the linear), GELU'd
+        where `gelu`: the bits of the separate calls. Backends with fuses_norm do it in one
+        launch for exact calls."""
+        x = (self.rms_norm(h, norm_weight, eps, True) if norm == "rmsnorm"
+             else self.layer_norm(h, norm_weight, norm_bias, eps, True))
+        return self.linear_gelu(x, weight, exact) if gelu else self.linear(x, weight, exact)
 
     # -- the KV cache --------------------------------------------------------------------------
     @abc.abstractmethod

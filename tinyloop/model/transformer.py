@@ -119,10 +119,7 @@ class LoopedTransformer:
         part, at its slot (slots[i] for rows.parts[i]) of its cache, through its plan. h: (T, D)."""
         c, b = self.config, self.backend
         n_tokens = h.shape[0]
-        x = self._norm(h, weights.attn_norm, feeds_linear=True)
-        if capture:
-            capture("qkv", x)
-        qkv = self.linear_rows(x, weights.qkv, rows)                        # (T, q_dim + 2 kv_dim)
+        qkv = self.norm_linear_rows(h, weights.attn_norm, weights.qkv, rows, capture, "qkv")   # (T, q + 2 kv)
         qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
         # RoPE: inside the KV write (keys) and attention (queries) where the backend fuses it,
         # else queries and keys in one go first; either way the KV write leaves k rotated
@@ -149,13 +146,11 @@ class LoopedTransformer:
             capture("out", attn)
         h = self._residual(h, attn, weights.out, weights.attn_post_norm, rows)
 
-        x = self._norm(h, weights.mlp_norm, feeds_linear=True)
-        if capture:
-            capture("up", x)
         if c.mlp == "swiglu":
-            act = b.swiglu(self.linear_rows(x, weights.up, rows), c.ffn_dim)     # up: (T, 2 ffn)
+            up = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up")   # (T, 2 ffn)
+            act = b.swiglu(up, c.ffn_dim)
         else:                                                                  # GELU in the linear's call
-            act = self.linear_rows(x, weights.up, rows, gelu=True)
+            act = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up", gelu=True)
         if capture:
             capture("down", act)
         return self._residual(h, act, weights.down, weights.mlp_post_norm, rows)
@@ -185,6 +180,21 @@ class LoopedTransformer:
                 pieces[i] = out[start:start + piece.shape[0]]
                 start += piece.shape[0]
         return b.xp.concatenate(pieces)
+
+    def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",
+                         gelu: bool = False):
+        """linear_rows(norm(h)): one backend call where the backend fuses the norm into an exact
+        linear (fuses_norm) and the rows make one exact call; else the norm, then linear_rows.
+        capture (the quantizer's hook) sees the norm's output, so it takes the separate calls."""
+        b = self.backend
+        groups = rows.linear_groups(b.bulk_is_exact)
+        if b.fuses_norm and not capture and len(groups) == 1 and groups[0][0]:
+            weight_n, bias_n = norm_weights
+            return b.norm_linear(h, self.config.norm, weight_n, bias_n, self.config.norm_eps, weight, True, gelu)
+        x = self._norm(h, norm_weights, feeds_linear=True)
+        if capture:
+            capture(stage, x)
+        return self.linear_rows(x, weight, rows, gelu=gelu)
 
     def _residual(self, h, x, projection, post_norm, rows: Rows):
         """h + projection(x), with the sandwich norm where the config puts one. Without one,
@@ -260,9 +270,13 @@ class LoopedTransformer:
     def head(self, h, exact: bool = True, rows: Rows | None = None):
         """h: (T, D) -> logits (T, vocab) float32, on the backend. rows: the stacked rows of
         several caches (model/batch.py), whose linear groups decide the calls."""
-        x = self._norm(h, self.weights.final_norm, feeds_linear=True)
         if rows is not None:
-            return self.linear_rows(x, self.weights.head, rows)
+            return self.norm_linear_rows(h, self.weights.final_norm, self.weights.head, rows)
+        if exact and self.backend.fuses_norm:
+            weight_n, bias_n = self.weights.final_norm
+            return self.backend.norm_linear(h, self.config.norm, weight_n, bias_n, self.config.norm_eps,
+                                            self.weights.head, True)
+        x = self._norm(h, self.weights.final_norm, feeds_linear=True)
         return self.backend.linear(x, self.weights.head, exact)
 
     def final_norm(self, h):

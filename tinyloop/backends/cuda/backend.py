@@ -73,6 +73,7 @@ class DevicePlan:
 class CudaBackend(Backend):
     name = "cuda"
     fuses_rope = True        # kv_write rotates the keys, attention the queries: no rope_rows launch
+    fuses_norm = True        # an exact linear's rows kernels stage norm(h): no norm launch before it
     # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
     # compute idle (it is bound by reading the weights), so rows of other requests ride along
     # nearly free. On an H200 (doc-407m, 1k context) 16 requests in one batch graph gave 4.3x one's
@@ -255,7 +256,15 @@ class CudaBackend(Backend):
             device_ids = self._ints(ids)
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
-    def linear(self, x, weight, exact: bool, residual=None, activation=None):
+    def norm_linear(self, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False):
+        if not exact or self.mma_rows:       # the bulk and tensor-core kernels take no norm
+            return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu)
+        fold = linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
+                               None if norm == "rmsnorm" else norm_bias, eps,
+                               self.linear_input_dtype == np.float16)
+        return self.linear(h, weight, exact, activation="gelu" if gelu else None, norm=fold)
+
+    def linear(self, x, weight, exact: bool, residual=None, activation=None, norm=None):
         # with an activation (the MLP's up projection) the output is the down projection's
         # input: half under fp16 activations, as the separate activation kernel would write it
         out = self._empty((x.shape[0], weight.out_features),
@@ -265,7 +274,7 @@ class CudaBackend(Backend):
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
         return linear.linear(self._module("linear"), x, weight, out, exact,
                              self._module("linear_tc") if tensor_cores else None, residual, activation,
-                             self._mma() if exact and self.mma_rows else None, self.column_block_cap)
+                             self._mma() if exact and self.mma_rows else None, self.column_block_cap, norm)
 
     def _mma(self) -> MmaPath:
         """What linear_mma needs, made on first use: its module, its split partials and its

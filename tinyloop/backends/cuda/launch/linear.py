@@ -48,6 +48,23 @@ MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split
                                # split's reduction costs two round trips, fewer warps less in flight)
 
 
+NORM_KINDS = {"rms": 1, "layer": 2}    # cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias)
+
+
+@dataclass
+class NormFold:
+    """A pre-norm fused into an exact call's staging (the rows kernels): x is then the float32
+    residual stream h, and the kernel stages norm(h), the rms_norm / layer_norm kernels' own
+    arithmetic (cuda/norm.cuh), rounded to half and back where `half` (the norm's output would
+    be half: fp16 activations): the bits of the norm launch followed by this linear, one launch
+    fewer. weight, bias: (in,) float32 on the device (bias None: none, or RMS)."""
+    kind: str
+    weight: object
+    bias: object
+    eps: float
+    half: bool = False
+
+
 @dataclass
 class MmaPath:
     """What an exact call needs to run linear_mma_int4: its module, `scratch(n)` -> n float32
@@ -89,7 +106,7 @@ def rows_resident(seg, n_rows: int) -> bool:
 
 
 def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None,
-           mma: MmaPath | None = None, column_block_cap: int | None = None):
+           mma: MmaPath | None = None, column_block_cap: int | None = None, norm: NormFold | None = None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32, or float16 with an
     activation (row stride free) <- x @ W.T + bias (+ residual: (T, out) float32, row stride
     free, not overlapping out; the residual add fused into the kernels' epilogue, the bits of
@@ -100,13 +117,22 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     many column blocks for a call on the rows kernels' resident path (the backend passes the
     blocks the device holds at once, ROWS_BLOCKS_PER_SM an SM): each warp then sums several
     columns back to back with the next one's weights in flight, and the block stages its
-    inputs once for all of them. It changes no bit: which warp sums a column never does."""
+    inputs once for all of them. It changes no bit: which warp sums a column never does.
+    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
     if x.ndim != 2 or x.shape[1] != packed.in_features:
         raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
     n_rows = x.shape[0]
+    if norm is not None:
+        if norm.kind not in NORM_KINDS:
+            raise ValueError(f"norm kind must be one of {sorted(NORM_KINDS)}, got {norm.kind!r}")
+        if not exact or mma is not None or x.dtype != np.float32:
+            raise ValueError("a fused norm runs on the rows kernels only: an exact call, no tensor-core "
+                             "rows, a float32 x (the residual stream)")
+        if norm.kind == "rms" and norm.bias is not None:
+            raise ValueError("an RMS norm has no bias")
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
     x_half = x.dtype == np.float16
@@ -160,7 +186,7 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
                 any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
                 any_float if residual is None else residual, np.int32(residual is not None),
                 np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset),
-                np.int32(ACTIVATIONS[activation]), np.int32(y_half))
+                np.int32(ACTIVATIONS[activation]), np.int32(y_half), *_norm_args(norm, any_float))
         if on_mma:
             partials = mma.scratch(splits * n_rows * seg.out_features) if splits > 1 else any_float
             args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k))
@@ -168,6 +194,15 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             continue
         (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
     return out
+
+
+def _norm_args(norm: NormFold | None, any_float) -> tuple:
+    """The kernels' norm_weight, norm_bias, norm, norm_half, norm_eps."""
+    if norm is None:
+        return any_float, any_float, np.int32(0), np.int32(0), np.float32(0.0)
+    kind = NORM_KINDS[norm.kind] + (norm.bias is not None)
+    return (norm.weight, any_float if norm.bias is None else norm.bias, np.int32(kind), np.int32(norm.half),
+            np.float32(norm.eps))
 
 
 def check_group_lookup(seg) -> None:
