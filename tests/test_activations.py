@@ -46,8 +46,13 @@ def test_every_linear_input_but_attentions_output_is_half(tiny_files, preset, de
                 names.update({id(getattr(layer, n)): n for n in ("qkv", "out", "up", "down")})
         fed = {}
         original = backend.linear
+
+        def consumed(x, norm=None):
+            """What the linear's kernel multiplies: x, or with a norm folded into the call (the CUDA
+            rows kernels stage norm(h)) the norm's output, rounded to half where norm.half."""
+            return x.dtype if norm is None else np.dtype(np.float16 if norm.half else np.float32)
         monkeypatch.setattr(backend, "linear", lambda x, w, exact, **kw: fed.setdefault(names[id(w)], set()).add(
-            x.dtype) or original(x, w, exact, **kw))
+            consumed(x, kw.get("norm"))) or original(x, w, exact, **kw))
         logits_of_a_short_run(model, PROMPT[:4], steps=1)
         half = {np.dtype(np.float16 if activations == "fp16" else np.float32)}
         assert fed == {"qkv": half, "out": {np.dtype(np.float32)}, "up": half, "down": half, "head": half}
