@@ -52,6 +52,7 @@
 // output tile per 256-thread block, 4x4 per thread, stepping through 32 stored columns at
 // a time: inputs (permuted) and dequantized weights both go through shared memory.
 // Launch: block (256,), grid (ceil(n_out / 64), ceil(n_rows / 64)).
+#include "kv_store.cuh"
 #include "linear_kinds.cuh"
 #include "norm.cuh"
 
@@ -184,6 +185,77 @@ __device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned in
                     acc[r] = tl_add(acc[r], tl_mul(weight[part * VEC + i], vec_at(v, i)));
             }
         }
+    }
+}
+
+// -- the KV write folded into the qkv call (a.kv_mode) --------------------------------------------
+// The launch's keys and values are its own output columns; each (row, kv head) has a counter.
+// After its last column a warp fences its stores, then counts each (column, row) output it stored
+// among the keys and values (its columns and rows are fixed by the grid: blockIdx.x * 8 + warp,
+// then gridDim.x * 8 further on; the block's rows); a count that completes a row's 2 hd columns
+// of head g puts (row, g) on the warp's list and zeroes the counter (for the next launch, or a
+// replayed graph), and the warp then stores the rows on its list with kv_store.cuh, the
+// kv_write_* kernels' own arithmetic (one warp a row instead of one block: the same bits),
+// reading the columns other blocks wrote past L1. Nothing of this runs inside the column loops.
+// The list is bounded: the launcher gives no warp more than KV_FOLD_PENDING (column, row)
+// outputs (launch/linear.py), so none can complete more rows than that.
+#define KV_FOLD_PENDING 32
+#define KV_FOLD_MAX_HD 128                  // larger heads keep the kv_write launch
+#define KV_FOLD_SCRATCH kv_scratch_floats(KV_FOLD_MAX_HD, KV_FOLD_MAX_HD / 32)
+__shared__ unsigned int kv_fold_lists[LIN_WARPS][KV_FOLD_PENDING];       // a warp's completed row * n_kv + g
+__shared__ float kv_fold_scratch[LIN_WARPS][KV_FOLD_SCRATCH];             // a warp's row being stored
+
+// The head whose keys or values output column `column` holds, or -1 (a query column).
+__device__ __forceinline__ int kv_fold_head(const LinearArgs& a, int column) {
+    const int span = a.kv_n_kv * a.kv_hd;
+    if (column >= a.kv_k_offset && column < a.kv_k_offset + span) return (column - a.kv_k_offset) / a.kv_hd;
+    if (column >= a.kv_v_offset && column < a.kv_v_offset + span) return (column - a.kv_v_offset) / a.kv_hd;
+    return -1;
+}
+
+// Every lane of every warp calls it, after the warp's last column.
+__device__ __forceinline__ void kv_fold(const LinearArgs& a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o_first = blockIdx.x * LIN_WARPS + warp, o_step = gridDim.x * LIN_WARPS;
+    const int row0 = blockIdx.y * a.rows_per_block;
+    const int rows = min(row0 + a.rows_per_block, a.n_rows) - row0;
+    const int columns = o_first < a.n_out ? (a.n_out - o_first + o_step - 1) / o_step : 0;
+    unsigned int* list = kv_fold_lists[warp];
+    __threadfence();                       // each lane's stores are in memory before any count
+    __syncwarp();
+    unsigned int n = 0;                    // the list's length (warp-uniform)
+    for (int base = 0; base < columns * rows; base += 32) {
+        const int i = base + lane;
+        bool done = false;
+        unsigned int entry = 0;
+        if (i < columns * rows && rows > 0) {
+            const int o = o_first + (i / rows) * o_step, t = row0 + i % rows;
+            const int g = kv_fold_head(a, a.y_offset + o);
+            if (g >= 0) {
+                unsigned int* counter = a.kv_counters + (long long)t * a.kv_n_kv + g;
+                done = atomicAdd(counter, 1u) + 1u == 2u * (unsigned int)a.kv_hd;
+                if (done) *counter = 0u;   // every count of the row is in
+                entry = (unsigned int)(t * a.kv_n_kv + g);
+            }
+        }
+        const unsigned int mask = __ballot_sync(TL_FULL_MASK, done);
+        if (done) {
+            const unsigned int at = n + __popc(mask & ((1u << lane) - 1u));
+            if (at >= KV_FOLD_PENDING) __trap();          // the launcher's bound was broken
+            list[at] = entry;
+        }
+        n += __popc(mask);
+    }
+    if (!n) return;
+    __syncwarp();                          // the list is written
+    __threadfence();                       // the other blocks' counted columns, before they are read
+    const KvRows s = {static_cast<float*>(a.y) + a.kv_k_offset, static_cast<const float*>(a.y) + a.kv_v_offset,
+                      a.y_stride, a.y_stride, a.kv_blocks, a.kv_rows, a.kv_n_kv, a.kv_pool_rows, a.kv_hd,
+                      a.kv_rotation, a.kv_has_rotation, a.kv_table_offsets, a.kv_per_token_tables};
+    for (unsigned int k = 0; k < n; k++) {
+        const unsigned int e = list[k];
+        kv_store_both<WarpTeam>(s, a.kv_mode, (int)(e / a.kv_n_kv), (int)(e % a.kv_n_kv), a.kv_key0, a.kv_key1,
+                                a.kv_key2, a.kv_value0, a.kv_value1, a.kv_value2, kv_fold_scratch[warp]);
     }
 }
 
@@ -362,6 +434,7 @@ __device__ __forceinline__ void linear_rows(const LinearArgs& a) {
     __shared__ float slots[TL_NORM_WARPS + 1];               // its block sums
     if (a.x_half) linear_rows_of<Kind, __half>(a, xs, st, slots);
     else linear_rows_of<Kind, float>(a, xs, st, slots);
+    if (a.kv_mode) kv_fold(a);
 }
 
 // -- the bulk path ------------------------------------------------------------------------------

@@ -29,6 +29,16 @@ struct LinearArgs {
     // norm_half 1: each normalized value rounded to half, as a norm kernel writing a half
     // output (fp16 activations) would leave it for this linear
     const float* norm_weight; const float* norm_bias; int norm; int norm_half; float norm_eps;
+    // the KV write folded into the qkv call (linear.cu's rows kernels; kv_mode 0 elsewhere): the
+    // output's columns [kv_k_offset, + n_kv hd) are the keys, [kv_v_offset, + n_kv hd) the values;
+    // once a row's 2 hd columns of head g are summed (kv_counters, a (rows, n_kv) count each
+    // launch leaves zero) a warp stores that row of the cache with kv_store.cuh, kv_mode its
+    // TL_KV_* mode, kv_key0..2 / kv_value0..2 the pool's arrays as kv_write_* takes them, the
+    // rest kv_write_*'s arguments of the same names
+    int kv_mode; void* kv_key0; void* kv_key1; void* kv_key2; void* kv_value0; void* kv_value1; void* kv_value2;
+    const int* kv_blocks; const int* kv_rows; int kv_n_kv; int kv_pool_rows; int kv_hd;
+    const float* kv_rotation; int kv_has_rotation; const int* kv_table_offsets; int kv_per_token_tables;
+    int kv_k_offset; int kv_v_offset; unsigned int* kv_counters;
 };
 
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
@@ -198,7 +208,11 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
     const int *perm, int has_perm, int stored_in, int in_features,                                    \
     const float *bias, int has_bias, const float *residual, int has_residual, int residual_stride,    \
     void *y, int y_stride, int y_offset, int act, int y_half,                                          \
-    const float *norm_weight, const float *norm_bias, int norm, int norm_half, float norm_eps
+    const float *norm_weight, const float *norm_bias, int norm, int norm_half, float norm_eps,         \
+    int kv_mode, void *kv_key0, void *kv_key1, void *kv_key2, void *kv_value0, void *kv_value1,       \
+    void *kv_value2, const int *kv_blocks, const int *kv_rows, int kv_n_kv, int kv_pool_rows,          \
+    int kv_hd, const float *kv_rotation, int kv_has_rotation, const int *kv_table_offsets,            \
+    int kv_per_token_tables, int kv_k_offset, int kv_v_offset, unsigned int *kv_counters
 
 // The entry points' argument list as a LinearArgs.
 // The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
@@ -209,4 +223,7 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
 #define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
                      groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias,      \
                      residual, has_residual, residual_stride, y, y_stride, y_offset, act, y_half,     \
-                     norm_weight, norm_bias, norm, norm_half, norm_eps}
+                     norm_weight, norm_bias, norm, norm_half, norm_eps, kv_mode, kv_key0, kv_key1,   \
+                     kv_key2, kv_value0, kv_value1, kv_value2, kv_blocks, kv_rows, kv_n_kv, kv_pool_rows, \
+                     kv_hd, kv_rotation, kv_has_rotation, kv_table_offsets, kv_per_token_tables,       \
+                     kv_k_offset, kv_v_offset, kv_counters}

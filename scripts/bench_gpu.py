@@ -19,6 +19,9 @@ and never brackets a single Python launch (whose host overhead would count as ke
   spin kernel with an event after every launch, so each kernel's time is the gap between
   two events on a busy stream, summed by kernel and grid. The table's sum against the
   replayed step is what launches cost inside a graph.
+- **The KV write folded or not** (1k context): the decode step as a graph with the KV write
+  inside the qkv linear (the default) and as a launch of its own, side by side on one model,
+  their ratio, and whether the two steps' logits are the same bits.
 - **Batches of decode steps as graphs** (graphs.BatchDecodeGraph): B requests at 1k context
   each, B = 1, 2, 4, 8, 16, one graph per batch replayed back to back: microseconds a step,
   aggregate tokens/s, and each against the one-request decode graph (graphs.DecodeGraph) on
@@ -372,6 +375,33 @@ def batch_figures(clock, model, loops: int, context: int, sizes, replays: int) -
     return out
 
 
+def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dict:
+    """The decode step replayed as a graph with the KV write folded into the qkv linear (the
+    default) and as a launch of its own, side by side on one model at `context` tokens: each on a
+    cache of its own, filled by the same prompt; the two steps' logits must be the same bits."""
+    backend = model.backend
+    prompt = [int(t) for t in np.random.default_rng(context).integers(3, model.config.vocab_size, context)]
+    out, logits = {"context": context}, []
+    try:
+        for folded in (True, False):
+            backend.fuses_kv_write = folded
+            cache = model.new_cache(context + 64, loops)
+            backend.graphs = False
+            token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
+            backend.graphs = True
+            for step in range(2):                       # warm-up, then capture
+                step_logits = model.decode(token, context + step, cache, loops)
+            logits.append(backend.to_host(step_logits))
+            runner = backend.decode_runner(model, cache, loops)
+            out["folded_us" if folded else "apart_us"] = clock.replays(runner.replay, replays) * 1e6
+            cache.release()
+    finally:
+        backend.fuses_kv_write = True
+    out["folded_over_apart"] = out["folded_us"] / out["apart_us"]
+    out["same_bits"] = bool(np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32)))
+    return out
+
+
 def speculative_figures(model, loops: int, n_tokens: int) -> dict:
     prompt = list(range(1, 33))
     out = {}
@@ -410,6 +440,10 @@ def summary_lines(report: dict) -> list[str]:
                      f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
                      f"16 rows / 1 row {c['verify16_over_decode']:.2f}, {c['launches']} launches, "
                      f"kernels sum {c['kernels_sum_us']:.0f} us, attention {c['attention_share']:.0%}")
+    fold = report.get("kv_fold_1k", {})
+    if isinstance(fold, dict) and "folded_us" in fold:
+        lines.append(f"KV write at 1k: folded into qkv {fold['folded_us']:.0f} us a step, its own launch "
+                     f"{fold['apart_us']:.0f} us ({fold['folded_over_apart']:.3f}x), same bits: {fold['same_bits']}")
     batch = report.get("batch_decode_1k", {})
     for n, r in batch.items() if isinstance(batch, dict) and "error" not in batch else ():
         if isinstance(r, dict):
@@ -449,6 +483,7 @@ def main() -> int:
             cp, lambda options: cp.RawModule(code=kernel_path("attention").read_text(),
                                              options=(*compile_options(), *options)),
             clock, args.contexts, calls)),
+        ("kv_fold_1k", lambda: kv_fold_figures(clock, model, 8, 1024, replays)),
         ("batch_decode_1k", lambda: batch_figures(clock, model, 8, 1024, (1, 2, 4, 8, 16), replays)),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
     ]

@@ -55,21 +55,28 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
     return n_out * n_in * bits // 8 + n_out * (n_in // 32) * 4 + n_in * 4 + n_out * 4 + (n_out * 4 if bias else 0)
 
 
+QKV_FOLDED = "linear_rows qkv (+ the KV write, RoPE of the keys)"
+
+
 def step_rows(s: dict, fused_norm: bool = True) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step. fused_norm (the default
     path; not with TINYLOOP_CUDA_MMA_ROWS): each pre-norm and the final norm ride on the linear
-    after them (qkv, up, head), which read the residual row h instead of the norm's output."""
+    after them (qkv, up, head), which read the residual row h instead of the norm's output, and
+    the KV write rides on the qkv linear."""
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
     chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // CHUNK_KEYS) * 4       # written by pass 1, read by the merge
+    # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
+    # queries as it loads them; each reads the rotation row. The KV write itself rides on the
+    # qkv linear where the norm does (the rows kernels: the warps that finish a head store it)
+    kv_write = 2 * kv * 4 + 2 * kv * 2 + 4 + kv * 4 + hd * 4
+    qkv = packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"])
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
-        ("linear_rows qkv", packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"]), n),
-        # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
-        # queries as it loads them; each reads the rotation row
-        ("kv_write_fp16 (+ RoPE of the keys)", 2 * kv * 4 + 2 * kv * 2 + 4 + kv * 4 + hd * 4, n),
+        *([(QKV_FOLDED, qkv + kv_write, n)] if fused_norm else
+          [("linear_rows qkv", qkv, n), ("kv_write_fp16 (+ RoPE of the keys)", kv_write, n)]),
         # CHUNK_KEYS-key chunks; the last chunk block of each kv head merges (partials written and read)
         (f"attention_fp16 (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
          2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
@@ -255,7 +262,8 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                  requests: bool = False) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
-    argmax: a few KiB each) count at full bandwidth: their launch is their cost.
+    argmax: a few KiB each) count at full bandwidth: their launch is their cost (the KV write's
+    plus the round trip of its load; folded into the qkv linear, two round trips at its end).
 
     rows = 16: the same step for a 16-row verify. The linear runs two 8-row chunks, each with
     the 8-row loop's figures and each reading the weights (the second from L2, counted at
@@ -269,10 +277,11 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
-    linear_warps = {"linear_rows qkv": q + 2 * kv, "linear_rows out (+ residual)": d, "linear_rows up": up_out,
+    linear_warps = {"linear_rows qkv": q + 2 * kv, QKV_FOLDED: q + 2 * kv, "linear_rows out (+ residual)": d,
+                    "linear_rows up": up_out,
                     "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d,
                     "linear_rows head": s["vocab"]}
-    linear_in = {"linear_rows qkv": d, "linear_rows out (+ residual)": q, "linear_rows up": d,
+    linear_in = {"linear_rows qkv": d, QKV_FOLDED: d, "linear_rows out (+ residual)": q, "linear_rows up": d,
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
     att_blocks = s["kv"] * (CONTEXT // CHUNK_KEYS) * rows
     out = []
@@ -292,6 +301,10 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             if loop:
                 detail = expected_fraction(loop, resident_warps(kernel, 256), linear_warps[name])
             nbytes *= -(-rows // 8)                                   # one read per 8-row chunk
+            if name == QKV_FOLDED:
+                # after its last column a warp fences and counts (an atomic's round trip); the
+                # warp completing a head then loads its row (another) and stores it
+                extra_s = 2 * LATENCY_S
         elif name.startswith("attention_fp16"):
             loop = hot_loop("attention_fp16", 1, sass)
             shares = queries_share_blocks() and not requests
@@ -309,6 +322,8 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             extra_s = merge_tail_s(CONTEXT // CHUNK_KEYS, sass)
         elif name != "linear_rows head" and name != "argmax_rows":
             nbytes *= rows                                            # per-row activations
+            if name.startswith("kv_write"):
+                extra_s = LATENCY_S                                   # its load of the row, before the store
         if detail:
             fraction = detail["fraction"]
         seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S + extra_s

@@ -50,8 +50,9 @@ stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
 : > "$REPORT/stages.txt"
 stage environment 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"; python3 -c "from tinyloop.backends.cuda.compile import header_dirs, compile_options; print(\"cuda_fp16.h in\", header_dirs()); print(\"NVRTC options\", compile_options())"'
 stage kernels 80 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-    tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_kv.py tests/test_cuda_attention.py \
-    tests/test_cuda_elementwise.py tests/test_cuda_sampling.py --junitxml "$REPORT/kernels.xml"
+    tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_kv.py tests/test_cuda_kv_fold.py \
+    tests/test_cuda_attention.py tests/test_cuda_elementwise.py tests/test_cuda_sampling.py \
+    --junitxml "$REPORT/kernels.xml"
 # each tool over one small case per kernel file: the sanitizers slow kernels 10-100x. CuPy's
 # memory pool is off there (TINYLOOP_TEST_NO_MEMORY_POOL, tests/kernel_device.py): sub-allocated
 # pool memory would hide a read past an array from memcheck and count reused bytes as written
@@ -60,7 +61,7 @@ or (test_kv_write_int4h and 128) or (test_rope and 65) or test_top_k_edges or te
 or (test_rows_kernel_equals_twin and float16-16) or (test_tensor_core_kernel_close and int4-float16) \
 or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17) \
 or (test_splits_of_several_batches and 1-150-1280-17) or (test_one_kv_write_for_several and int8) \
-or (test_one_attention_launch_for_several and 70-int4-h)"
+or (test_one_attention_launch_for_several and 70-int4-h) or (test_a_folded_kv_write and 5-64-2-64-300-None-True-int4-h)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '
         command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer: not on this machine"; exit 3; }
@@ -68,7 +69,7 @@ for tool in memcheck racecheck synccheck initcheck; do
             env TINYLOOP_TEST_DEVICE=cuda TINYLOOP_TEST_NO_MEMORY_POOL=1 \
             python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_attention.py tests/test_cuda_kv.py \
             tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_elementwise.py \
-            tests/test_cuda_sampling.py tests/test_cuda_batch.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
+            tests/test_cuda_sampling.py tests/test_cuda_batch.py tests/test_cuda_kv_fold.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
         grep -q "Device not supported" /tmp/sanitize.log && { echo "compute-sanitizer refuses this device"; exit 3; }
         exit $rc' "$SANITIZE_TESTS"
 done

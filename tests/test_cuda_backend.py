@@ -367,6 +367,86 @@ def test_replayed_verify_passes_equal_plain_generation(tiny_files, branches, win
     assert replayed and all(g.tree == (branches > 1) for g in replayed), [(g.n_rows, g.tree, g.steps) for g in graphs]
 
 
+class ArgmaxSpy:
+    """The sampling module with argmax_rows launches counted: those outside a capture or replay
+    (the harness's capturing flag) are the ones a greedy step launches after its graph."""
+
+    def __init__(self, backend):
+        self.outside, self.device = 0, backend.device
+        original = backend._module
+
+        def module(name):
+            real = original(name)
+            return self._wrapped(real) if name == "sampling" else real
+        backend._module = module
+
+    def _wrapped(self, real):
+        spy = self
+
+        class Module:
+            def get_function(self, name):
+                fn = real.get_function(name)
+                if name != "argmax_rows":
+                    return fn
+
+                def launch(*args, **kwargs):
+                    spy.outside += not spy.device.capturing
+                    return fn(*args, **kwargs)
+                return launch
+        return Module()
+
+    def argmax(self, backend, logits):
+        """-> (ids, launches outside a graph it took)."""
+        before = self.outside
+        ids = backend.argmax(logits)
+        return ids, self.outside - before
+
+
+def test_a_replayed_graph_brings_its_greedy_ids_along(tiny_files):
+    """Every captured graph runs argmax_rows after its head (graphs.py GraphArgmax): after a
+    replay, backend.argmax of the logits the graph handed out launches nothing and gives those
+    logits' argmax; the warm-up step's logits, a copy, or logits of an earlier step another graph
+    has replayed since still launch their own. Decode, batch decode and verify graphs."""
+    from tinyloop.model.batch import run_passes
+    from test_cuda_batch import decode_pass, started
+    from tinyloop.kv.pool import KVPool
+    backend = cuda_backend(graphs=True)
+    spy = ArgmaxSpy(backend)
+    model = load_model(tiny_files["tiny-looped"], backend).model
+    loops, prompt = 2, [int(t) for t in np.random.default_rng(3).integers(3, 500, 30)]
+    cache = model.new_cache(len(prompt) + 16, loops)
+    token = int(np.argmax(backend.to_host(prefill(model, prompt, cache, loops))[0]))
+    for step in range(4):                                   # warm-up, capture, replays
+        logits = model.decode(token, len(prompt) + step, cache, loops)
+        ids, launches = spy.argmax(backend, logits)
+        assert list(ids) == [int(np.argmax(backend.to_host(logits)[0]))]
+        assert launches == (1 if step == 0 else 0), (step, launches)
+        assert spy.argmax(backend, logits.copy())[1] == 1
+        token = int(ids[0])
+    # a batch graph of three requests: each row's ids, then the decode graph's logits are stale
+    pool = KVPool.for_model(model, 32 << 20)
+    caches, tokens = started(model, [prompt[:9], prompt[:20], prompt], loops, pool, capacity=60)
+    positions = [9, 20, 30]
+    for step in range(4):
+        passes = [decode_pass(model, c, t, p + step, loops) for c, t, p in zip(caches, tokens, positions)]
+        run_passes(model, passes)
+        for i, p in enumerate(passes):
+            ids, launches = spy.argmax(backend, p.logits)
+            assert list(ids) == [int(np.argmax(backend.to_host(p.logits)[0]))], (step, i)
+            assert launches == (1 if step == 0 else 0), (step, i, launches)
+            tokens[i] = int(ids[0])
+    assert spy.argmax(backend, logits)[1] == 1               # the decode graph's, from before the batch
+    # verify graphs: greedy speculation replays them; the last one's logits carry their ids
+    request = GenerationRequest(prompt, 24, ignore_eos=True)
+    speculative_generate(model, request, SpeculativeParams(1, 2, 3, 2))
+    assert max(g.steps for g in backend._verify_graphs.values()) >= 3
+    last = [g for g in backend._verify_graphs.values()
+            if g.replay is not None and backend.graph_argmax.lookup(g.logits) is not None]
+    assert len(last) == 1                                    # the last round's verify graph
+    ids, launches = spy.argmax(backend, last[0].logits)
+    assert launches == 0 and np.array_equal(ids, backend.to_host(last[0].logits).argmax(axis=1))
+
+
 def test_tail_rows_bound_covers_every_tree_and_is_tight():
     """A captured tree verify pads its path rows to tail_rows_bound(T): every T-node tree's
     tail fits (the deepest tree, a chain of T nodes, at every base offset in a block), and
@@ -401,6 +481,26 @@ def test_the_fused_gelu_gives_the_unfused_models_bits(tiny_files, monkeypatch):
             rows.append(model.backend.to_host(model.forward([7], [position], cache, loops)))
         results.append(np.concatenate(rows))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+
+
+def test_bench_gpu_times_the_decode_step_with_the_kv_write_folded_and_apart(tiny_files):
+    """scripts/bench_gpu.py's kv_fold stage times the decode graph with the KV write folded, then
+    as a launch of its own, compares the two steps' bits and leaves the fold on. (The harness's
+    replay re-runs Python, which needs the runner's inputs: the stub clock only records.)"""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    backend = cuda_backend(graphs=True)
+    model = load_model(tiny_files["tiny-looped"], backend).model
+    seen = []
+
+    class Clock:
+        def replays(self, replay, n):
+            seen.append(backend.fuses_kv_write)
+            return 2e-6 if backend.fuses_kv_write else 4e-6
+    figures = bench_gpu.kv_fold_figures(Clock(), model, 2, 70, 1)
+    assert seen == [True, False]
+    assert figures["same_bits"] is True and figures["folded_over_apart"] == 0.5
+    assert backend.fuses_kv_write is True
 
 
 def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_files):
@@ -471,3 +571,39 @@ def test_the_fused_norm_gives_the_unfused_models_bits(tiny_files, preset, activa
         results.append(np.concatenate(rows))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     assert decode_norms[0] == 0 and decode_norms[1] > 0, decode_norms
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset,mode,graphs", [("tiny-looped", "fp16", False), ("tiny-looped-gpt", "int4-h", False),
+                                                ("tiny-looped int4", "int8", True), ("tiny-looped-gpt", "fp32", True)])
+def test_the_folded_kv_write_gives_the_unfolded_models_bits(tiny_files, preset, mode, graphs):
+    """The KV write inside the qkv linear (fuses_kv_write, the default: the rows kernels store each
+    row once its columns are summed) against the kv_write launch after it (the attribute off on
+    one backend): the same logits and the same cache, byte for byte, after a prefill (bulk: the
+    write keeps its launch), three decode steps and a 5-row verify-shaped forward, eager and as
+    captured graphs, on an RMS/SwiGLU and a layer-norm/GELU model. A folded decode step launches
+    no kv_write at all."""
+    results, pools, decode_writes = [], [], []
+    for folded in (True, False):
+        backend = cuda_backend(graphs=graphs)
+        backend.fuses_kv_write = folded
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files[preset], backend, kv_mode=mode).model
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
+        cache = model.new_cache(len(prompt) + 12, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        writes = lambda: sum(v for k, v in counts.items() if k.startswith("kv_write_"))
+        before = writes()
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
+        decode_writes.append(writes() - before)
+        start = len(prompt) + 3
+        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
+        results.append(np.concatenate(rows))
+        pools.append([backend.to_host(a).view(np.uint8).copy() for a in cache.storage.pool.arrays()])
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    for folded, apart in zip(*pools):
+        assert np.array_equal(folded, apart)
+    assert decode_writes[0] == 0 and decode_writes[1] > 0, decode_writes

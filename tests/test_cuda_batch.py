@@ -183,19 +183,22 @@ def prompts():
     return [[int(t) for t in rng.integers(3, 200, n)] for n in (5, 12, 3, 9, 7)]
 
 
+@pytest.mark.parametrize("fold", [True, False])
 @pytest.mark.parametrize("preset", ["tiny-looped", pytest.param("tiny-looped-gpt", marks=pytest.mark.slow)])
-def test_a_batched_step_launches_one_kv_write_and_one_attention_per_layer(tiny_files, prompts, preset,
+def test_a_batched_step_launches_one_kv_write_and_one_attention_per_layer(tiny_files, prompts, preset, fold,
                                                                          monkeypatch):
     """Five requests at three loop counts stepped together eagerly (graphs off): core rounds
     whose parts sit at different slots, rows of different cache widths. Each request's logits
-    equal its plain forward alone bit for bit, each layer call is one kv_write and one
-    attention launch, not one per request, and a step builds (and uploads) one layout per set
-    of requests its rounds run, not one per layer."""
+    equal its plain forward alone bit for bit, each layer call is one kv_write (none where the
+    write is folded into the qkv linear, the default) and one attention launch, not one per
+    request, and a step builds (and uploads) one layout per set of requests its rounds run, not
+    one per layer."""
     import tinyloop.backends.cuda.backend as backend_module
     layouts = []
     original_build = backend_module.build_layout
     monkeypatch.setattr(backend_module, "build_layout", lambda *a: layouts.append(1) or original_build(*a))
     backend = cuda_backend(graphs=False)
+    backend.fuses_kv_write = fold
     model = load_model(tiny_files[preset], backend).model
     plain = load_model(tiny_files[preset], cuda_backend(graphs=False)).model
     loops = [2, 3, 2, 1, 3]
@@ -216,7 +219,7 @@ def test_a_batched_step_launches_one_kv_write_and_one_attention_per_layer(tiny_f
         run_passes(model, passes)
         assert len(layouts) == len(set(loops))        # rounds run all five, then loops >= 2, then >= 3
         instances = model.config.n_prelude + model.config.n_core * max(loops) + model.config.n_coda
-        assert counts.get("kv_write_fp16") == instances, counts
+        assert counts.get("kv_write_fp16", 0) == (0 if fold else instances), counts
         assert sum(v for k, v in counts.items() if k.startswith("attention_")) == instances, counts
         new_tokens = []
         for p, mirror, position, n, token in zip(passes, mirrors, positions, loops, tokens):

@@ -53,6 +53,10 @@ class Backend(abc.ABC):
     # the pre-norm inside an exact linear call (norm_linear: the CUDA rows kernels stage norm(h):
     # one launch fewer per norm); else the model calls the norm, then the linear
     fuses_norm: bool = False
+    # the KV write inside the exact qkv linear that makes the keys and values (kv_fold, then
+    # norm_linear(kv=...): the CUDA rows kernels store each row once its columns are summed: one
+    # launch fewer per layer); else the model calls kv_write after the linear
+    fuses_kv_write: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -140,10 +144,13 @@ class Backend(abc.ABC):
         return self.gelu(self.linear(x, weight, exact))
 
     def norm_linear(self, h, norm: str, norm_weight, norm_bias, eps: float, weight, exact: bool,
-                    gelu: bool = False):
+                    gelu: bool = False, kv=None):
         """linear(norm(h)) (norm "rmsnorm" or "layernorm", its output feeding the linear), GELU'd
         where `gelu`: the bits of the separate calls. Backends with fuses_norm do it in one
-        launch for exact calls."""
+        launch for exact calls. kv: what kv_fold returned (backends with fuses_kv_write): the
+        output's keys and values are also stored in the cache, as kv_write would."""
+        if kv is not None:
+            raise ValueError(f"the {self.name} backend does not fold the KV write into a linear")
         x = (self.rms_norm(h, norm_weight, eps, True) if norm == "rmsnorm"
              else self.layer_norm(h, norm_weight, norm_bias, eps, True))
         return self.linear_gelu(x, weight, exact) if gelu else self.linear(x, weight, exact)
@@ -190,6 +197,13 @@ class Backend(abc.ABC):
     def attention(self, q, storage, slot: int, plan, scale: float, rope: bool = False):
         """q: (T, H, hd) -> (T, H, hd), reading the storage directly as the plan says. rope=True
         (backends with fuses_rope): q is rotated by plan.rotation first (q itself unchanged)."""
+
+    def kv_fold(self, parts: list, holder: dict, rope: bool, k_offset: int, v_offset: int):
+        """What norm_linear(kv=...) needs to store the keys and values of its output (columns
+        [k_offset, + kv dim) and [v_offset, + kv dim)) as kv_write_parts(keys, values, parts,
+        holder, rope) would, or None where the write keeps its own call. Backends with
+        fuses_kv_write only."""
+        return None
 
     def kv_write_parts(self, keys, values, parts: list, holder: dict, rope: bool = False) -> None:
         """kv_write for several caches' rows of one layer call: parts [(start, stop, storage, slot,

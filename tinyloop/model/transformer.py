@@ -119,24 +119,32 @@ class LoopedTransformer:
         part, at its slot (slots[i] for rows.parts[i]) of its cache, through its plan. h: (T, D)."""
         c, b = self.config, self.backend
         n_tokens = h.shape[0]
-        qkv = self.norm_linear_rows(h, weights.attn_norm, weights.qkv, rows, capture, "qkv")   # (T, q + 2 kv)
-        qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
         # RoPE: inside the KV write (keys) and attention (queries) where the backend fuses it,
         # else queries and keys in one go first; either way the KV write leaves k rotated
         has_rope = rows.parts[0][2].plan.rotation is not None              # (rows.rotation would stack them)
         fused_rope = has_rope and b.fuses_rope
+        parts = [(start, stop, part.cache.storage, slot, part.plan)
+                 for (start, stop, part), slot in zip(rows.parts, slots)]
+        # the KV write inside the qkv call where the backend folds it (after RoPE, so only with
+        # RoPE fused or none): the call stores k and v as kv_write would
+        kv_fold = None
+        if b.fuses_kv_write and has_rope == fused_rope and self._fuses_norm_call(rows, capture):
+            kv_fold = b.kv_fold(parts, rows.prepared, fused_rope, c.q_dim, c.q_dim + c.kv_dim)
+        qkv = self.norm_linear_rows(h, weights.attn_norm, weights.qkv, rows, capture, "qkv",
+                                    kv=kv_fold)                        # (T, q + 2 kv)
+        qk = qkv[:, :c.q_dim + c.kv_dim].reshape(n_tokens, c.n_heads + c.n_kv_heads, c.head_dim)
         if has_rope and not fused_rope:
             qk = b.rope(qk, rows)
         q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         v = qkv[:, c.q_dim + c.kv_dim:].reshape(n_tokens, c.n_kv_heads, c.head_dim)
         if len(rows.parts) == 1:                                           # one cache: the plain calls
             (_, _, part), slot = rows.parts[0], slots[0]
-            b.kv_write(part.cache.storage, slot, part.plan, k, v, fused_rope)
+            if kv_fold is None:
+                b.kv_write(part.cache.storage, slot, part.plan, k, v, fused_rope)
             attn = b.attention(q, part.cache.storage, slot, part.plan, self.scale, fused_rope)
         else:                                                              # each part on its own cache
-            parts = [(start, stop, part.cache.storage, slot, part.plan)
-                     for (start, stop, part), slot in zip(rows.parts, slots)]
-            b.kv_write_parts(k, v, parts, rows.prepared, fused_rope)
+            if kv_fold is None:
+                b.kv_write_parts(k, v, parts, rows.prepared, fused_rope)
             attn = b.attention_parts(q, parts, self.scale, rows.prepared, fused_rope)
         for start, stop, part in rows.parts:
             if part.kept is not None:
@@ -181,16 +189,24 @@ class LoopedTransformer:
                 start += piece.shape[0]
         return b.xp.concatenate(pieces)
 
+    def _fuses_norm_call(self, rows: Rows, capture=None) -> bool:
+        """Whether norm_linear_rows makes one fused backend call for these rows."""
+        groups = rows.linear_groups(self.backend.bulk_is_exact)
+        return self.backend.fuses_norm and not capture and len(groups) == 1 and groups[0][0]
+
     def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",
-                         gelu: bool = False):
+                         gelu: bool = False, kv=None):
         """linear_rows(norm(h)): one backend call where the backend fuses the norm into an exact
         linear (fuses_norm) and the rows make one exact call; else the norm, then linear_rows.
-        capture (the quantizer's hook) sees the norm's output, so it takes the separate calls."""
+        capture (the quantizer's hook) sees the norm's output, so it takes the separate calls.
+        kv: the backend's kv_fold for this call (only where the call is fused)."""
         b = self.backend
-        groups = rows.linear_groups(b.bulk_is_exact)
-        if b.fuses_norm and not capture and len(groups) == 1 and groups[0][0]:
+        if self._fuses_norm_call(rows, capture):
             weight_n, bias_n = norm_weights
-            return b.norm_linear(h, self.config.norm, weight_n, bias_n, self.config.norm_eps, weight, True, gelu)
+            return b.norm_linear(h, self.config.norm, weight_n, bias_n, self.config.norm_eps, weight, True, gelu,
+                                 kv=kv)
+        if kv is not None:
+            raise ValueError("a folded KV write needs the fused norm-linear call")
         x = self._norm(h, norm_weights, feeds_linear=True)
         if capture:
             capture(stage, x)

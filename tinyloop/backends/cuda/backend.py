@@ -35,7 +35,7 @@ from tinyloop.backends.rows import concat_rows
 from tinyloop.backends.reference.positions import rope_table
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout, geometry_of
-from tinyloop.backends.cuda.graphs import BatchDecodeGraphs, DecodeGraph, VerifyGraph, graphs_enabled
+from tinyloop.backends.cuda.graphs import BatchDecodeGraphs, DecodeGraph, GraphArgmax, VerifyGraph, graphs_enabled
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
 from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
@@ -74,6 +74,7 @@ class CudaBackend(Backend):
     name = "cuda"
     fuses_rope = True        # kv_write rotates the keys, attention the queries: no rope_rows launch
     fuses_norm = True        # an exact linear's rows kernels stage norm(h): no norm launch before it
+    fuses_kv_write = True    # the qkv rows kernels store the keys and values: no kv_write launch
     # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
     # compute idle (it is bound by reading the weights), so rows of other requests ride along
     # nearly free. On an H200 (doc-407m, 1k context) 16 requests in one batch graph gave 4.3x one's
@@ -98,6 +99,7 @@ class CudaBackend(Backend):
         self._static_part = None         # the part whose plan is being made under _static_batch
         self._batch_graphs = BatchDecodeGraphs(self)     # by (model, loops, bucket, slots, width)
         self._graph = None               # the current request's DecodeGraph
+        self.graph_argmax = GraphArgmax(self.to_host)     # greedy ids the latest graph step computed
         self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
         self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
         # scratch kept for the backend's life, by name (_kept): attention's chunk partials and its
@@ -256,15 +258,34 @@ class CudaBackend(Backend):
             device_ids = self._ints(ids)
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
-    def norm_linear(self, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False):
+    def norm_linear(self, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False, kv=None):
         if not exact or self.mma_rows:       # the bulk and tensor-core kernels take no norm
-            return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu)
+            return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu, kv)
         fold = linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
                                None if norm == "rmsnorm" else norm_bias, eps,
                                self.linear_input_dtype == np.float16)
-        return self.linear(h, weight, exact, activation="gelu" if gelu else None, norm=fold)
+        return self.linear(h, weight, exact, activation="gelu" if gelu else None, norm=fold, kv=kv)
 
-    def linear(self, x, weight, exact: bool, residual=None, activation=None, norm=None):
+    def kv_fold(self, parts, holder, rope, k_offset, v_offset):
+        storage = parts[0][2]
+        if not self.fuses_kv_write or self.mma_rows or storage.head_dim > kv.KV_FOLD_MAX_HD:
+            return None                      # tensor-core rows take no fold; larger heads keep kv_write
+        n_rows = max(stop for _, stop, *_ in parts)
+        counters = self._kept("kv fold counters", n_rows * storage.n_kv, np.uint32, 4096, zeros=True)
+        if len(parts) == 1:                                     # kv_write's arguments
+            _, _, storage, slot, plan = parts[0]
+            if self._static_batch is None:
+                return kv.kv_fold(storage, slot, self.device_plan(plan).write_rows, k_offset, v_offset, counters,
+                                  plan.rotation if rope else None)
+            holder = plan.prepared          # a captured batch of one: kv_write's holder
+        layout = self._batch_layout(parts, holder)              # kv_write_parts'
+        if layout is None:
+            return None
+        return kv.kv_fold(storage, 0, layout.rows, k_offset, v_offset, counters,
+                          self._stacked_rotation(layout, parts) if rope else None,
+                          tables=layout.tables([slot for _, _, _, slot, _ in parts]))
+
+    def linear(self, x, weight, exact: bool, residual=None, activation=None, norm=None, kv=None):
         # with an activation (the MLP's up projection) the output is the down projection's
         # input: half under fp16 activations, as the separate activation kernel would write it
         out = self._empty((x.shape[0], weight.out_features),
@@ -274,7 +295,7 @@ class CudaBackend(Backend):
         tensor_cores = not exact and x.dtype == np.float16 and self.tensor_cores
         return linear.linear(self._module("linear"), x, weight, out, exact,
                              self._module("linear_tc") if tensor_cores else None, residual, activation,
-                             self._mma() if exact and self.mma_rows else None, self.column_block_cap, norm)
+                             self._mma() if exact and self.mma_rows else None, self.column_block_cap, norm, kv)
 
     def _mma(self) -> MmaPath:
         """What linear_mma needs, made on first use: its module, its split partials and its
@@ -457,8 +478,15 @@ class CudaBackend(Backend):
 
     # -- sampling support ----------------------------------------------------------------------
     def argmax(self, logits) -> np.ndarray:
+        known = self.graph_argmax.lookup(logits)          # a replayed graph's logits: its ids came along
+        if known is not None:
+            return known
         ids = self.xp.empty(logits.shape[0], np.int32)
-        return self.to_host(sampling.argmax(self._module("sampling"), self.xp.ascontiguousarray(logits), ids))
+        return self.to_host(self.argmax_into(logits, ids))
+
+    def argmax_into(self, logits, ids):
+        """ids (T,) int32 on the device <- each row's argmax (graphs.py records it after the head)."""
+        return sampling.argmax(self._module("sampling"), self.xp.ascontiguousarray(logits), ids)
 
     def top_k(self, logits, k):
         logits = self.xp.ascontiguousarray(logits)

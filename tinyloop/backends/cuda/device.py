@@ -120,8 +120,10 @@ class CupyDevice:
     def capture(self, step, arena_bytes=None):
         """Record step() as a CUDA graph on a stream of its own, every allocation from an arena
         kept with the graph (arena_bytes: what the step's warm-up allocated; None: ARENA_BYTES);
-        launch it once. -> (replay, the step's result), replay() relaunching it and waiting for
-        it (the result's memory is rewritten in place)."""
+        launch it once. -> (replay, the step's result), replay() relaunching it (the result's
+        memory is rewritten in place). A replay does not wait on the host: the current stream
+        waits for it on the device, so whatever reads the result next (the greedy ids' copy to
+        the host, an eager kernel) runs after it, and the next replay waits for those readers."""
         cp = self.xp
         stream = self._ordered_graph_stream()
         arena = Arena(cp, ARENA_BYTES if arena_bytes is None else arena_bytes + ARENA_SLACK)
@@ -135,7 +137,7 @@ class CupyDevice:
         def replay():
             self._ordered_graph_stream()
             graph.launch(stream)
-            stream.synchronize()
+            cp.cuda.get_current_stream().wait_event(stream.record())
         replay.arena = arena                  # the graph's memory lives as long as its replay
         # for benchmarks (scripts/bench_gpu.py): launch without waiting, on the stream to time
         replay.launch, replay.stream = (lambda: graph.launch(stream)), stream

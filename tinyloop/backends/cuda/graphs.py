@@ -18,6 +18,9 @@ Life cycle (one cache, one loop count; for verify passes one graph per node coun
 chain/tree): the first step runs as usual (compiling and loading every kernel, and
 measuring what it allocates, which sizes the arena), the second is captured, and every
 later one is a replay. TINYLOOP_CUDA_GRAPHS=0 turns capture off.
+
+Every graph ends with the greedy ids of its logits (argmax_rows into a buffer of its own,
+GraphArgmax): a greedy step then launches nothing after the replay but the copy of its ids.
 """
 from __future__ import annotations
 
@@ -37,6 +40,46 @@ def graphs_enabled() -> bool:
     """TINYLOOP_CUDA_GRAPHS: on unless 0/false/no/off; a typo is an error (asgi/settings.py
     checks it at start), empty means unset."""
     return env_flag(os.environ, "TINYLOOP_CUDA_GRAPHS", True)
+
+
+class GraphArgmax:
+    """Greedy ids computed inside a replayed graph. Each graph runs argmax_rows after its head,
+    into an ids buffer of its own, and after each replay tells this memo which logits arrays it
+    handed out (those very objects) and where their rows start in its ids; backend.argmax looks
+    an array up here and launches its own kernel for any other. Only the latest graph step's
+    arrays are known: a replay rewrites its logits and its ids together, so an array handed out
+    before is either that rewritten buffer (with its ids rewritten alike) or no longer known.
+    The ids cross to the host once per step, when first asked for."""
+
+    def __init__(self, to_host):
+        self._to_host = to_host
+        self._known = {}             # id(array) -> (array, first row in ids)
+        self._ids = None             # (rows,) int32 on the device
+        self._host = None            # the same on the host, once asked for
+
+    def remember(self, ids, views: list) -> None:
+        """views: [(logits array handed out, its first row in ids)]."""
+        self._ids, self._host = ids, None
+        self._known = {id(view): (view, start) for view, start in views}
+
+    def lookup(self, logits):
+        """The ids of these logits' rows if a graph computed them, else None."""
+        entry = self._known.get(id(logits))
+        if entry is None or entry[0] is not logits:
+            return None
+        if self._host is None:
+            self._host = self._to_host(self._ids)
+        start = entry[1]
+        return self._host[start:start + logits.shape[0]].copy()
+
+
+def with_greedy_ids(backend, run, ids):
+    """run, then argmax_rows of its logits into ids (the graph's buffer): what a graph records."""
+    def step():
+        logits = run()
+        backend.argmax_into(logits, ids)
+        return logits
+    return step
 
 
 @dataclass
@@ -92,6 +135,7 @@ class ForwardGraph:
     def __init__(self, backend, model, cache, loops: int, n_rows: int):
         self.backend, self.model, self.cache, self.loops, self.n_rows = backend, model, cache, loops, n_rows
         self.inputs = StepInputs.allocate(backend.xp, n_rows)
+        self.ids = backend.xp.zeros(n_rows, np.int32)      # each replay's greedy ids
         self.steps = 0
         self.replay = None
         self.logits = None                   # (T, V): where every replay leaves its logits
@@ -106,7 +150,8 @@ class ForwardGraph:
         device = self.backend.device
         # the closure's tokens and positions are frozen, as in a recorded graph: only the
         # host-side checks see them; the kernels read self.inputs
-        run = lambda: self.model.forward(list(tokens), list(positions), self.cache, self.loops)   # noqa: E731
+        run = with_greedy_ids(self.backend, lambda: self.model.forward(list(tokens), list(positions), self.cache,
+                                                                       self.loops), self.ids)
         if self.steps == 1:                  # warm-up: compile and load every kernel, set attributes
             logits, self.arena_bytes = device.measure(run)
             return logits
@@ -119,6 +164,7 @@ class ForwardGraph:
                 self.replay, self.logits = device.capture(run, self.arena_bytes)
             else:
                 self.replay()
+        self.backend.graph_argmax.remember(self.ids, [(self.logits, 0)])
         return self.logits
 
 
@@ -143,6 +189,7 @@ class VerifyGraph:
         self.from_iterations, self.loops, self.coda_base = from_iterations, loops, coda_base
         self.n_rows, self.tree = n_rows, tree
         self.inputs = StepInputs.allocate_verify(backend.xp, n_rows, tree, model.config.dim)
+        self.ids = backend.xp.zeros(n_rows, np.int32)      # each replay's greedy ids
         self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
 
     def _run(self, trunk, positions, write_row, tree_rows):
@@ -170,9 +217,11 @@ class VerifyGraph:
                 # positions, rows and the tree are frozen in the closure, as in a recorded
                 # graph; the kernels read self.inputs
                 self.replay, self.logits = device.capture(
-                    lambda: self._run(static, positions, write_row, tree_rows), self.arena_bytes)
+                    with_greedy_ids(self.backend, lambda: self._run(static, positions, write_row, tree_rows),
+                                    self.ids), self.arena_bytes)
             else:
                 self.replay()
+        self.backend.graph_argmax.remember(self.ids, [(self.logits, 0)])
         return self.logits
 
     def _step_values(self, positions, write_row: int, tree_rows) -> np.ndarray:
@@ -245,6 +294,7 @@ class BatchDecodeGraph:
         self.backend, self.model, self.loops, self.n_rows = backend, model, loops, n_rows
         self.inputs = BatchInputs.allocate(backend.device, n_rows, n_slots, width)
         self.padding = padding                # PaddingCache: the padding rows' cache
+        self.ids = backend.xp.zeros(n_rows, np.int32)      # each replay's greedy ids
         self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
 
     def __call__(self, passes: list) -> None:
@@ -268,7 +318,7 @@ class BatchDecodeGraph:
         device.upload_ints(self.inputs.values, np.concatenate([tokens, positions, physical, table.reshape(-1)]))
         # the closure's tokens, positions and caches are frozen, as in a recorded graph: the
         # kernels read self.inputs
-        run = lambda: self._forward(caches, tokens, positions, write_rows)     # noqa: E731
+        run = with_greedy_ids(self.backend, lambda: self._forward(caches, tokens, positions, write_rows), self.ids)
         with self.backend.static_batch(self.inputs):
             if self.steps == 1:                  # warm-up: compile and load, size the arena
                 device.wait_for_uploads()        # it runs on the current stream, the inputs came on the graph's
@@ -282,6 +332,8 @@ class BatchDecodeGraph:
         logits = logits[:n].copy()
         for i, p in enumerate(passes):
             p.logits, p.iterations_run = logits[i:i + 1], self.loops
+        if self.steps > 1:                       # the rows' ids came with the replay
+            self.backend.graph_argmax.remember(self.ids, [(p.logits, i) for i, p in enumerate(passes)])
 
     def _forward(self, caches, tokens, positions, write_rows):
         """The batched forward over the B rows, its plans made as views of the inputs. -> (B, V)."""

@@ -18,6 +18,9 @@ KV_THREADS = 128             # kv_write_*: one block per (token, kv head, side),
 COPY_THREADS = 128           # rows_gather / rows_scatter: one block per (row, plane), threads stride the row
 KERNELS = {"fp16": "kv_write_fp16", "fp32": "kv_write_fp32", "int8": "kv_write_int8",
            "int4": "kv_write_int4", "int4-h": "kv_write_int4h"}
+# cuda/kv_store.cuh TL_KV_*: how a KV write folded into the qkv linear names the cache's mode
+KV_MODE_CODES = {"fp32": 1, "fp16": 2, "int8": 3, "int4": 4, "int4-h": 5}
+KV_FOLD_MAX_HD = 128         # linear.cu KV_FOLD_MAX_HD: the fold's per-warp scratch holds a row this long
 
 
 @dataclass
@@ -176,6 +179,61 @@ def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation
          rows_dev if rotation is None else rotation, np.int32(rotation is not None),
          rows_dev if tables is None else tables.offsets, np.int32(tables is not None)),
         shared_mem=shared)
+
+
+@dataclass
+class KvFold:
+    """kv_write folded into the exact qkv linear that computes the keys and values (cuda/linear.cu,
+    launch/linear.py `kv=`): the call's output columns [k_offset, k_offset + n_kv hd) are the keys
+    and [v_offset, ...) the values, stored at physical rows `rows` (T,) int32 through `blocks`
+    (a slot's table row, or with `table_offsets` several caches' rows: TokenTables), rotated by
+    `rotation` (RoPE rows, or None) as kv_write would: the same bits, one launch fewer.
+    counters: (>= T * n_kv,) uint32 zeros, which every launch leaves zero."""
+    kv: DeviceView
+    rows: object
+    blocks: object
+    rotation: object
+    table_offsets: object
+    k_offset: int
+    v_offset: int
+    counters: object
+
+    def args(self, any_pointer) -> tuple:
+        """linear.cu's kv_* parameters, in order."""
+        pool_arrays = lambda side: [*side.values()] + [any_pointer] * (3 - len(side))
+        return (np.int32(KV_MODE_CODES[self.kv.mode]), *pool_arrays(self.kv.keys), *pool_arrays(self.kv.values),
+                self.blocks, self.rows, np.int32(self.kv.n_kv), np.int32(self.kv.pool.rows),
+                np.int32(self.kv.head_dim), self.rows if self.rotation is None else self.rotation,
+                np.int32(self.rotation is not None),
+                self.rows if self.table_offsets is None else self.table_offsets,
+                np.int32(self.table_offsets is not None), np.int32(self.k_offset), np.int32(self.v_offset),
+                self.counters)
+
+
+def kv_fold(kv: DeviceView, slot: int, rows_dev, k_offset: int, v_offset: int, counters, rotation=None,
+            tables: TokenTables | None = None) -> KvFold:
+    """The KvFold of kv_write(kv, slot, rows_dev, keys, values, rotation, tables) where keys and
+    values are columns [k_offset, + n_kv hd) and [v_offset, + n_kv hd) of the linear's output:
+    the same checks, the same arguments."""
+    n_tokens = rows_dev.shape[0]
+    if rows_dev.ndim != 1 or rows_dev.dtype != np.int32:
+        raise ValueError(f"kv fold: rows must be an int32 vector, got {rows_dev.dtype} {rows_dev.shape}")
+    if kv.head_dim > KV_FOLD_MAX_HD:
+        raise ValueError(f"kv fold: head_dim {kv.head_dim} is over the fold's {KV_FOLD_MAX_HD}")
+    span = kv.n_kv * kv.head_dim
+    if min(k_offset, v_offset) < 0 or abs(k_offset - v_offset) < span:
+        raise ValueError(f"kv fold: key columns from {k_offset} and value columns from {v_offset} must not "
+                         f"overlap ({span} each)")
+    if counters.dtype != np.uint32 or counters.ndim != 1 or counters.shape[0] < n_tokens * kv.n_kv:
+        raise ValueError(f"kv fold: counters must be at least {n_tokens * kv.n_kv} uint32, got "
+                         f"{counters.dtype} {counters.shape}")
+    check_rotation(rotation, n_tokens, kv.head_dim)
+    if tables is None:
+        blocks, offsets = kv.blocks(slot), None
+    else:
+        tables.check(n_tokens)
+        blocks, offsets = tables.table, tables.offsets
+    return KvFold(kv, rows_dev, blocks, rotation, offsets, k_offset, v_offset, counters)
 
 
 def check_rotation(rotation, n_tokens: int, head_dim: int) -> None:

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from tinyloop.backends.cuda.launch.kv import KvFold
 from tinyloop.backends.cuda.launch.memory import may_overlap
 from tinyloop.backends.cuda.launch.packing import COLUMNS_PER_WORD, PackedLinear
 
@@ -49,6 +50,7 @@ MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split
 
 
 NORM_KINDS = {"rms": 1, "layer": 2}    # cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias)
+KV_FOLD_PENDING = 32           # linear.cu KV_FOLD_PENDING: (column, row) outputs a warp may own under a fold
 
 
 @dataclass
@@ -106,7 +108,8 @@ def rows_resident(seg, n_rows: int) -> bool:
 
 
 def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, residual=None, activation=None,
-           mma: MmaPath | None = None, column_block_cap: int | None = None, norm: NormFold | None = None):
+           mma: MmaPath | None = None, column_block_cap: int | None = None, norm: NormFold | None = None,
+           kv: KvFold | None = None):
     """x: (T, in) float32 or float16 (row stride free); out: (T, out) float32, or float16 with an
     activation (row stride free) <- x @ W.T + bias (+ residual: (T, out) float32, row stride
     free, not overlapping out; the residual add fused into the kernels' epilogue, the bits of
@@ -118,7 +121,10 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     blocks the device holds at once, ROWS_BLOCKS_PER_SM an SM): each warp then sums several
     columns back to back with the next one's weights in flight, and the block stages its
     inputs once for all of them. It changes no bit: which warp sums a column never does.
-    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream)."""
+    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream).
+    kv: a KvFold (exact calls on the rows kernels only, a float32 out, no activation): the KV
+    write of the keys and values among out's columns, done by the warps that finish them (the
+    bits of kv.kv_write after this call, one launch fewer)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
@@ -135,6 +141,8 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             raise ValueError("an RMS norm has no bias")
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
+    if kv is not None:
+        _check_kv_fold(kv, exact, mma, activation, out)
     x_half = x.dtype == np.float16
     y_half = activation is not None and out.dtype == np.float16      # an activation's output may be half
     x_stride = _row_stride(x, "x", np.float16 if x_half else np.float32)
@@ -172,6 +180,10 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             rows_per_block = ROWS_PER_BLOCK if column_blocks < FEW_COLUMN_BLOCKS else n_rows
             if column_block_cap and rows_resident(seg, n_rows):
                 column_blocks = min(column_blocks, column_block_cap)
+            if kv is not None:      # no warp may own more outputs than its list holds
+                rows_per_block = min(rows_per_block, KV_FOLD_PENDING)
+                columns_per_warp = KV_FOLD_PENDING // min(rows_per_block, n_rows)
+                column_blocks = max(column_blocks, _blocks(seg.out_features, ROWS_WARPS * columns_per_warp))
             grid = (column_blocks, _blocks(n_rows, rows_per_block))
             block = (ROWS_THREADS,)
         any_float = seg.weights                          # a valid pointer for unused arguments
@@ -186,7 +198,8 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
                 any_float if seg.bias is None else seg.bias, np.int32(seg.bias is not None),
                 any_float if residual is None else residual, np.int32(residual is not None),
                 np.int32(residual_stride), out, np.int32(y_stride), np.int32(seg.out_offset),
-                np.int32(ACTIVATIONS[activation]), np.int32(y_half), *_norm_args(norm, any_float))
+                np.int32(ACTIVATIONS[activation]), np.int32(y_half), *_norm_args(norm, any_float),
+                *(kv.args(any_float) if kv is not None else _no_kv_fold_args(any_float)))
         if on_mma:
             partials = mma.scratch(splits * n_rows * seg.out_features) if splits > 1 else any_float
             args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k))
@@ -203,6 +216,25 @@ def _norm_args(norm: NormFold | None, any_float) -> tuple:
     kind = NORM_KINDS[norm.kind] + (norm.bias is not None)
     return (norm.weight, any_float if norm.bias is None else norm.bias, np.int32(kind), np.int32(norm.half),
             np.float32(norm.eps))
+
+
+def _no_kv_fold_args(any_pointer) -> tuple:
+    """The kernels' kv_* parameters when nothing is folded (kv_mode 0: the rest unread)."""
+    return (np.int32(0), *[any_pointer] * 8, np.int32(0), np.int32(0), np.int32(0), any_pointer, np.int32(0),
+            any_pointer, np.int32(0), np.int32(0), np.int32(0), any_pointer)
+
+
+def _check_kv_fold(kv: KvFold, exact: bool, mma, activation, out) -> None:
+    if not exact or mma is not None or activation is not None or out.dtype != np.float32:
+        raise ValueError("a folded KV write runs on the rows kernels only: an exact call, no tensor-core "
+                         "rows, no activation, a float32 out")
+    span = kv.kv.n_kv * kv.kv.head_dim
+    for name, offset in (("key", kv.k_offset), ("value", kv.v_offset)):
+        if offset + span > out.shape[1]:
+            raise ValueError(f"a folded KV write's {name} columns {offset}..{offset + span} pass the output's "
+                             f"{out.shape[1]}")
+    if kv.rows.shape[0] != out.shape[0]:
+        raise ValueError(f"a folded KV write stores {kv.rows.shape[0]} rows of a {out.shape[0]}-row call")
 
 
 def check_group_lookup(seg) -> None:
