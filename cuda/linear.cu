@@ -190,16 +190,17 @@ __device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned in
 
 // -- the KV write folded into the qkv call (a.kv_mode) --------------------------------------------
 // The launch's keys and values are its own output columns; each (row, kv head) has a counter.
-// After its last column a warp fences its stores, then counts each (column, row) output it stored
-// among the keys and values (its columns and rows are fixed by the grid: blockIdx.x * 8 + warp,
-// then gridDim.x * 8 further on; the block's rows); a count that completes a row's 2 hd columns
-// of head g puts (row, g) on the warp's list and zeroes the counter (for the next launch, or a
-// replayed graph), and the warp then stores the rows on its list with kv_store.cuh, the
-// kv_write_* kernels' own arithmetic (one warp a row instead of one block: the same bits),
-// reading the columns other blocks wrote past L1. Nothing of this runs inside the column loops.
-// The list is bounded: the launcher gives no warp more than KV_FOLD_PENDING (column, row)
-// outputs (launch/linear.py), so none can complete more rows than that.
-#define KV_FOLD_PENDING 32
+// After its last column a warp syncs, fences (its lanes' stores are in memory before any count),
+// then counts each (column, row) output it stored among the keys and values (its columns and
+// rows are fixed by the grid: blockIdx.x * 8 + warp, then gridDim.x * 8 further on; the block's
+// rows), 32 at a time. A count that completes a row's 2 hd columns of head g puts (row, g) on the
+// warp's list and zeroes the counter (for the next launch, or a replayed graph); a count past
+// 2 hd means a launch left a counter behind, and traps. Whenever the list could not take
+// another 32, and at the end, the warp fences (what other blocks counted is in memory before
+// it is read), syncs, and stores the rows on its list with kv_store.cuh, the kv_write_* kernels'
+// own arithmetic (one warp a row instead of one block: the same bits), reading the columns
+// other blocks wrote past L1. Nothing of this runs inside the column loops.
+#define KV_FOLD_PENDING 64                  // a warp's list: rows completed, not yet stored
 #define KV_FOLD_MAX_HD 128                  // larger heads keep the kv_write launch
 #define KV_FOLD_SCRATCH kv_scratch_floats(KV_FOLD_MAX_HD, KV_FOLD_MAX_HD / 32)
 __shared__ unsigned int kv_fold_lists[LIN_WARPS][KV_FOLD_PENDING];       // a warp's completed row * n_kv + g
@@ -218,44 +219,50 @@ __device__ __forceinline__ void kv_fold(const LinearArgs& a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int o_first = blockIdx.x * LIN_WARPS + warp, o_step = gridDim.x * LIN_WARPS;
     const int row0 = blockIdx.y * a.rows_per_block;
-    const int rows = min(row0 + a.rows_per_block, a.n_rows) - row0;
+    const int rows = max(min(row0 + a.rows_per_block, a.n_rows) - row0, 0);
     const int columns = o_first < a.n_out ? (a.n_out - o_first + o_step - 1) / o_step : 0;
+    const int outputs = columns * rows;
     unsigned int* list = kv_fold_lists[warp];
-    __threadfence();                       // each lane's stores are in memory before any count
-    __syncwarp();
-    unsigned int n = 0;                    // the list's length (warp-uniform)
-    for (int base = 0; base < columns * rows; base += 32) {
-        const int i = base + lane;
-        bool done = false;
-        unsigned int entry = 0;
-        if (i < columns * rows && rows > 0) {
-            const int o = o_first + (i / rows) * o_step, t = row0 + i % rows;
-            const int g = kv_fold_head(a, a.y_offset + o);
-            if (g >= 0) {
-                unsigned int* counter = a.kv_counters + (long long)t * a.kv_n_kv + g;
-                done = atomicAdd(counter, 1u) + 1u == 2u * (unsigned int)a.kv_hd;
-                if (done) *counter = 0u;   // every count of the row is in
-                entry = (unsigned int)(t * a.kv_n_kv + g);
-            }
-        }
-        const unsigned int mask = __ballot_sync(TL_FULL_MASK, done);
-        if (done) {
-            const unsigned int at = n + __popc(mask & ((1u << lane) - 1u));
-            if (at >= KV_FOLD_PENDING) __trap();          // the launcher's bound was broken
-            list[at] = entry;
-        }
-        n += __popc(mask);
-    }
-    if (!n) return;
-    __syncwarp();                          // the list is written
-    __threadfence();                       // the other blocks' counted columns, before they are read
     const KvRows s = {static_cast<float*>(a.y) + a.kv_k_offset, static_cast<const float*>(a.y) + a.kv_v_offset,
                       a.y_stride, a.y_stride, a.kv_blocks, a.kv_rows, a.kv_n_kv, a.kv_pool_rows, a.kv_hd,
                       a.kv_rotation, a.kv_has_rotation, a.kv_table_offsets, a.kv_per_token_tables};
-    for (unsigned int k = 0; k < n; k++) {
-        const unsigned int e = list[k];
-        kv_store_both<WarpTeam>(s, a.kv_mode, (int)(e / a.kv_n_kv), (int)(e % a.kv_n_kv), a.kv_key0, a.kv_key1,
-                                a.kv_key2, a.kv_value0, a.kv_value1, a.kv_value2, kv_fold_scratch[warp]);
+    __syncwarp();
+    __threadfence();                       // every lane's stores are in memory before any count
+    int base = 0;
+    while (true) {
+        unsigned int n = 0;                // the list's length (warp-uniform)
+        for (; base < outputs && n + 32 <= KV_FOLD_PENDING; base += 32) {
+            const int i = base + lane;
+            bool done = false;
+            unsigned int entry = 0;
+            if (i < outputs) {
+                const int o = o_first + (i / rows) * o_step, t = row0 + i % rows;
+                const int g = kv_fold_head(a, a.y_offset + o);
+                if (g >= 0) {
+                    unsigned int* counter = a.kv_counters + (long long)t * a.kv_n_kv + g;
+                    const unsigned int count = atomicAdd(counter, 1u) + 1u;
+                    if (count > 2u * (unsigned int)a.kv_hd) __trap();     // a counter left behind
+                    done = count == 2u * (unsigned int)a.kv_hd;
+                    if (done) *counter = 0u;                               // every count of the row is in
+                    entry = (unsigned int)(t * a.kv_n_kv + g);
+                }
+            }
+            const unsigned int mask = __ballot_sync(TL_FULL_MASK, done);
+            if (done) list[n + __popc(mask & ((1u << lane) - 1u))] = entry;
+            n += __popc(mask);
+        }
+        if (n) {
+            __threadfence();               // the counts this warp saw complete: their columns next
+            __syncwarp();                  // and the list is written
+            for (unsigned int k = 0; k < n; k++) {
+                const unsigned int e = list[k];
+                kv_store_both<WarpTeam>(s, a.kv_mode, (int)(e / a.kv_n_kv), (int)(e % a.kv_n_kv), a.kv_key0,
+                                        a.kv_key1, a.kv_key2, a.kv_value0, a.kv_value1, a.kv_value2,
+                                        kv_fold_scratch[warp]);
+            }
+            __syncwarp();                  // the list is read before it is written again
+        }
+        if (base >= outputs) return;
     }
 }
 

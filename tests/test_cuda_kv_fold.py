@@ -66,11 +66,13 @@ def assert_same_store(folded, apart):
 
 CASES = [  # (rows, n_q, n_kv, hd, n_in, cap, rope): resident decode rows (a capped grid: a warp
     # runs through columns of several heads), 2 rows, the tiled path (5 and 16 rows: 8-row chunks
-    # then 4, 2, 1; rows split over blocks), a head of one 48-wide group, grids of one block (the
-    # last, 40 heads: a warp may complete more rows than its list holds but for the launcher's bound)
+    # then 4, 2, 1), rows split over blocks (17 and 40 rows: 16 a block), a head of one 48-wide
+    # group, heads of 128 (the warp's whole scratch) and of 96 (three groups), grids of one block
+    # (the last, 80 heads: a warp completes more rows than its list holds, and stores them in turns)
     (1, 64, 2, 64, 96, None, True), (1, 128, 4, 32, 200, 3, True), (2, 48, 3, 32, 64, 2, False),
     (5, 64, 2, 64, 300, None, True), (16, 32, 2, 16, 64, None, True), (3, 48, 1, 48, 40, None, False),
-    (1, 600, 4, 64, 64, 1, True), (1, 8, 40, 8, 16, 1, True)]
+    (17, 64, 2, 64, 96, None, True), (40, 32, 2, 32, 48, None, False), (1, 128, 2, 128, 64, 2, True),
+    (2, 96, 1, 96, 64, 1, True), (1, 600, 4, 64, 64, 1, True), (1, 8, 80, 8, 16, 1, True)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -171,3 +173,35 @@ def test_a_fold_is_refused_where_it_cannot_run(kernel_device):
     big = device_kv(kernel_device, "fp16", 1, 1, 64, 256)
     with pytest.raises(ValueError, match="head_dim 256"):
         kv_launch.kv_fold(big, 0, rows, 0, 256, counters)
+
+
+@pytest.mark.parametrize("n_rows", [1, 5, 40])
+def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_rows):
+    """The same fold launched again and again on one set of counters (what every layer of every
+    step does): each launch stores the bytes the linear then kv_write store, and leaves the
+    counters zero for the next. On a GPU, where blocks run at once and a missing fence would
+    show as a row stored before all its columns were written, it runs 200 times at doc-407m's
+    head shape; on the harness 3 times."""
+    on_gpu = kernel_device.name == "cuda"
+    rng = np.random.default_rng(n_rows)
+    n_kv, hd, n_in = (8, 128, 512) if on_gpu else (2, 32, 64)
+    parts = qkv_parts(rng, 4 * n_kv * hd, n_kv, hd, n_in)
+    x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
+    rows = rng.permutation(128)[:n_rows]
+    rotation = rotations(rng, n_rows, hd)
+    apart = run(kernel_device, parts, x, device_kv(kernel_device, "int4", 2, n_kv, 128, hd), 1, rows, rotation,
+                False)
+    packed = pack_linear(parts, None, SimpleNamespace(asarray=kernel_device.asarray), keep_f16=True)
+    kv = device_kv(kernel_device, "int4", 2, n_kv, 128, hd)
+    counters = kernel_device.zeros(n_rows * n_kv, np.uint32)
+    x_dev, rows_dev = kernel_device.asarray(x), kernel_device.asarray(np.asarray(rows, np.int32))
+    rotation_dev = kernel_device.asarray(rotation)
+    for repeat in range(200 if on_gpu else 3):
+        for side in (kv.keys, kv.values):
+            for array in side.values():
+                array[...] = 0
+        out = kernel_device.zeros((n_rows, packed.out_features), np.float32)
+        fold = kv_launch.kv_fold(kv, 1, rows_dev, 4 * n_kv * hd, 5 * n_kv * hd, counters, rotation_dev)
+        launch.linear(kernel_device.module("linear"), x_dev, packed, out, True, kv=fold)
+        assert_same_store((kernel_device.to_host(out), host_sides(kernel_device, kv),
+                           kernel_device.to_host(counters)), apart)

@@ -50,7 +50,6 @@ MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split
 
 
 NORM_KINDS = {"rms": 1, "layer": 2}    # cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias)
-KV_FOLD_PENDING = 32           # linear.cu KV_FOLD_PENDING: (column, row) outputs a warp may own under a fold
 
 
 @dataclass
@@ -158,6 +157,9 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
         return out
     bulk = not exact and n_rows >= BULK_MIN_ROWS
     tensor_cores = bulk and x_half and tc_module is not None
+    for seg in packed.segments:     # every check before the first launch: a call stopped halfway
+        if not bulk and not (mma is not None and mma_eligible(seg)):    # would leave a fold's counters
+            check_group_lookup(seg)
     for seg in packed.segments:
         if seg.out_features == 0:
             continue
@@ -173,17 +175,12 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
             grid = (_blocks(seg.out_features, BULK_TILE), _blocks(n_rows, BULK_TILE))
             block, rows_per_block = (BULK_THREADS,), n_rows
         else:
-            check_group_lookup(seg)
             name = f"linear_rows_{seg.kernel}"
             column_blocks = _blocks(seg.out_features, ROWS_WARPS)
             # Which rows share a block changes no row's bits: split rows only for parallelism.
             rows_per_block = ROWS_PER_BLOCK if column_blocks < FEW_COLUMN_BLOCKS else n_rows
             if column_block_cap and rows_resident(seg, n_rows):
                 column_blocks = min(column_blocks, column_block_cap)
-            if kv is not None:      # no warp may own more outputs than its list holds
-                rows_per_block = min(rows_per_block, KV_FOLD_PENDING)
-                columns_per_warp = KV_FOLD_PENDING // min(rows_per_block, n_rows)
-                column_blocks = max(column_blocks, _blocks(seg.out_features, ROWS_WARPS * columns_per_warp))
             grid = (column_blocks, _blocks(n_rows, rows_per_block))
             block = (ROWS_THREADS,)
         any_float = seg.weights                          # a valid pointer for unused arguments
