@@ -372,7 +372,7 @@ class ArgmaxSpy:
     (the harness's capturing flag) are the ones a greedy step launches after its graph."""
 
     def __init__(self, backend):
-        self.outside, self.device = 0, backend.device
+        self.outside, self.device, self.top_k = 0, backend.device, 0
         original = backend._module
 
         def module(name):
@@ -386,6 +386,11 @@ class ArgmaxSpy:
         class Module:
             def get_function(self, name):
                 fn = real.get_function(name)
+                if name == "top_k_rows":
+                    def counted(*args, **kwargs):
+                        spy.top_k += 1
+                        return fn(*args, **kwargs)
+                    return counted
                 if name != "argmax_rows":
                     return fn
 
@@ -445,6 +450,54 @@ def test_a_replayed_graph_brings_its_greedy_ids_along(tiny_files):
     assert len(last) == 1                                    # the last round's verify graph
     ids, launches = spy.argmax(backend, last[0].logits)
     assert launches == 0 and np.array_equal(ids, backend.to_host(last[0].logits).argmax(axis=1))
+
+
+@pytest.mark.parametrize("branches,window", [(1, 0), (2, 0), pytest.param(3, 64, marks=SLOW_ON_THE_HARNESS)])
+def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window):
+    """Graph-captured draft levels (graphs.py DraftGraph, one per node count, chain or tree):
+    every level's logits and the states it hands the verify equal the eager draft's bit for bit,
+    level after level over a whole greedy speculative generation (a draft graph that drafted
+    other tokens would still give plain generation's tokens, so the levels themselves are
+    compared), and a chain's levels, which replay one graph, keep each level's states apart."""
+    from tinyloop.model.transformer import LoopedTransformer
+    levels = {True: [], False: []}
+    original = LoopedTransformer.draft
+
+    def recording(self, *args):
+        logits, trunk = original(self, *args)
+        levels[self.backend.graphs].append((self.backend.to_host(logits), self.backend.to_host(trunk.hidden),
+                                            self.backend.to_host(trunk.injected), trunk))
+        return logits, trunk
+    LoopedTransformer.draft = recording
+    try:
+        prompt = [int(t) for t in np.random.default_rng(4 + branches).integers(3, 500, 40)]
+        request = GenerationRequest(prompt, 40, ignore_eos=True, cache_window=window)
+        params = SpeculativeParams(1, 3, 3, branches)
+        tokens = {}
+        for graphs in (True, False):
+            backend = cuda_backend(graphs=graphs)
+            spy = ArgmaxSpy(backend)
+            model = load_model(tiny_files["tiny-looped"], backend).model
+            tokens[graphs] = speculative_generate(model, request, params).tokens
+            if graphs:
+                drafts, graph_spy = list(model.backend._draft_graphs.values()), spy
+    finally:
+        LoopedTransformer.draft = original
+    assert tokens[True] == tokens[False]
+    assert len(levels[True]) == len(levels[False]) > 6
+    for i, (ours, theirs) in enumerate(zip(levels[True], levels[False])):
+        for a, b in zip(ours[:3], theirs[:3]):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), i
+    # the states handed out earlier are unchanged by later replays (they are copies)
+    for ours, _ in zip(levels[True], levels[False]):
+        assert np.array_equal(ours[3].hidden.view(np.uint32), ours[1].view(np.uint32))
+    assert any(g.replay is not None and g.steps >= 4 for g in drafts), [(g.n_rows, g.tree, g.steps) for g in drafts]
+    assert all(g.tree == (branches > 1) for g in drafts if g.n_rows > 1)
+    if branches == 1:       # a chain's next node is the draft's argmax, which its graph brought along
+        assert graph_spy.top_k == 0
+        # argmax launched outside a graph: the prefill's token and each graph's first (eager)
+        # step, not a draft level's or a verify's replay (41 levels here)
+        assert graph_spy.outside < 10 < len(levels[True]), (graph_spy.outside, len(levels[True]))
 
 
 def test_tail_rows_bound_covers_every_tree_and_is_tight():

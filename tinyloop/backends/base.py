@@ -248,6 +248,12 @@ class Backend(abc.ABC):
         each pass's logits and iterations_run, or None: run_passes runs them."""
         return None
 
+    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree):
+        """A faster speculative draft level, callable as (tokens, positions, write_row, tree_rows)
+        -> (logits (T, V), Trunk) with model.draft_pass's results bit for bit, or None (run it as
+        usual). The CUDA backend replays a captured graph per node count."""
+        return None
+
     def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):
         """A callable (trunk, positions, write_row, tree_rows) -> logits (T, V) that runs
         model.verify_pass for n_rows draft nodes faster (a captured CUDA graph), or None."""

@@ -66,6 +66,13 @@ class Pass:
                 and self.head == "all" and self.exit_check is None and self.kept is None)
 
     @property
+    def is_draft_level(self) -> bool:
+        """Tokens from their embedding through the iterations, the coda and the head, no side coda:
+        a speculative draft level (any rows, a chain's or a tree's)."""
+        return (self.tokens is not None and self.exact and self.side is None and self.coda is not None
+                and self.head == "all" and self.exit_check is None and self.kept is None)
+
+    @property
     def is_plain_decode(self) -> bool:
         """One token from its embedding through every iteration, the coda and the head: a decode step."""
         return (self.tokens is not None and self.n_rows == 1 and self.exact and self.tree is None
@@ -147,14 +154,19 @@ def _run_alone(model, p: Pass) -> None:
     """One pass by itself, through the model's own forward pieces (trunk, resume, coda, head),
     as a forward of its own runs: the straight-line form the batched code above must agree
     with bit for bit (the tests' oracle runs requests alone). A lone decode step goes through
-    model.decode, a lone verify through model.verify: their backend may replay a captured GPU
-    graph of them (the same kernels, the same bits)."""
+    model.decode, a lone verify through model.verify, a lone draft level through model.draft:
+    their backend may replay a captured GPU graph of them (the same kernels, the same bits)."""
     if p.is_plain_decode and p.coda == model.coda_base(p.iterations):
         p.logits = model.decode(int(np.asarray(p.tokens)[0]), int(p.positions[0]), p.cache, p.iterations)
         p.iterations_run = p.iterations
         return
     if p.is_verify:
         p.logits = model.verify(p.trunk, p.positions, p.write_row, p.tree, p.cache, p.iterations, p.coda)
+        p.iterations_run = p.iterations
+        return
+    if p.is_draft_level:
+        p.logits, p.trunk_out = model.draft(p.tokens, p.positions, p.write_row, p.tree, p.cache, p.iterations,
+                                            p.coda)
         p.iterations_run = p.iterations
         return
     plan = p.plan = model.plan(p.positions, p.write_row, p.cache, p.exact, p.tree)

@@ -35,7 +35,8 @@ from tinyloop.backends.rows import concat_rows
 from tinyloop.backends.reference.positions import rope_table
 from tinyloop.backends.reference.topk import log_normalizer, top_k_ids
 from tinyloop.backends.cuda.batch import BatchLayout, batchable, build_layout, geometry_of
-from tinyloop.backends.cuda.graphs import BatchDecodeGraphs, DecodeGraph, GraphArgmax, VerifyGraph, graphs_enabled
+from tinyloop.backends.cuda.graphs import (BatchDecodeGraphs, DecodeGraph, DraftGraph, GraphArgmax, VerifyGraph,
+                                           graphs_enabled)
 from tinyloop.backends.cuda.launch import attention as attention_launch
 from tinyloop.backends.cuda.launch import elementwise, kv, linear, sampling
 from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView
@@ -102,6 +103,8 @@ class CudaBackend(Backend):
         self.graph_argmax = GraphArgmax(self.to_host)     # greedy ids the latest graph step computed
         self._verify_graphs = {}         # the current request's VerifyGraphs by (rows, tree)
         self._verify_key = None          # (model, cache, from_iterations, loops, coda_base) they serve
+        self._draft_graphs = {}          # the current request's DraftGraphs by (rows, tree)
+        self._draft_key = None           # (model, cache, loops, coda_base) they serve
         # scratch kept for the backend's life, by name (_kept): attention's chunk partials and its
         # fused merge's counters, linear_mma's split partials and counters; replaced ones stay in
         # _retired_scratch, since captured graphs may still write them
@@ -187,6 +190,20 @@ class CudaBackend(Backend):
         graph = self._graph
         if graph is None or graph.cache is not cache or graph.loops != loops or graph.model is not model:
             graph = self._graph = DecodeGraph(self, model, cache, loops)     # one request at a time
+        return graph
+
+    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree):
+        """The captured draft level of this request for n_rows nodes (chain or tree), or None."""
+        if not self.graphs:
+            return None
+        key = (model, cache, loops, coda_base)
+        last = self._draft_key
+        if last is None or key[0] is not last[0] or key[1] is not last[1] or key[2:] != last[2:]:
+            self._draft_graphs, self._draft_key = {}, key                   # one request at a time
+        graph = self._draft_graphs.get((n_rows, tree))
+        if graph is None:
+            graph = DraftGraph(self, model, cache, loops, coda_base, n_rows, tree)
+            self._draft_graphs[(n_rows, tree)] = graph
         return graph
 
     def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):

@@ -1,6 +1,7 @@
 """Steps captured once as CUDA graphs and replayed: decode steps per batch-size bucket
 (BatchDecodeGraph, shared by every request: the end of this file), one request's decode step
-on a windowed cache (DecodeGraph), and the speculative verify pass per draft-tree size.
+on a windowed cache (DecodeGraph), and a request's speculative draft levels (DraftGraph) and
+verify pass (VerifyGraph) per node count.
 
 A decode step launches a few hundred small kernels (34 layer instances x ~10 for
 doc-407m at 8 loops): from Python each launch costs microseconds of host time, more
@@ -32,7 +33,7 @@ import numpy as np
 from tinyloop.backends.cuda.batch import BatchLayout, stacked_tables
 from tinyloop.backends.rows import concat_rows
 from tinyloop.env import env_flag
-from tinyloop.limits import ATTENTION_BLOCK
+from tinyloop.limits import ATTENTION_BLOCK, MAX_TREE_NODES
 from tinyloop.model.plan import build_plan
 
 
@@ -113,6 +114,18 @@ class StepInputs:
         tail = values[2 * n_rows + 1:].reshape(n_rows, tail_len) if tree else None
         return cls(values, None, positions, rows, shared_end, tail,
                    xp.zeros((n_rows, d_model), np.float32), xp.zeros((n_rows, d_model), np.float32))
+
+    @classmethod
+    def allocate_draft(cls, xp, n_rows: int, tree: bool):
+        """A draft level's inputs: tokens, positions, rows, and for a tree level shared_end and the
+        path rows, padded to the longest a tree of MAX_TREE_NODES nodes can need (a level's
+        paths are as long as its depth, which its width does not bound)."""
+        tail_len = tail_rows_bound(MAX_TREE_NODES) if tree else 0
+        n = n_rows
+        values = xp.zeros(3 * n + (1 + n * tail_len if tree else 0), np.int32)
+        shared_end = values[3 * n:3 * n + 1] if tree else None
+        tail = values[3 * n + 1:].reshape(n, tail_len) if tree else None
+        return cls(values, values[:n], values[n:2 * n], values[2 * n:3 * n], shared_end, tail)
 
     @property
     def tail_len(self) -> int:
@@ -226,18 +239,76 @@ class VerifyGraph:
 
     def _step_values(self, positions, write_row: int, tree_rows) -> np.ndarray:
         """The int32 values of StepInputs.values for this round, from the host plan."""
-        positions = np.asarray(positions, np.int64)
-        plan = build_plan(positions, write_row, self.cache.geometry, True, tree_rows)
-        parts = [positions, plan.write_row_ids()]
-        if self.tree:
-            a = plan.attention
-            tail = np.zeros((self.n_rows, self.inputs.tail_len), np.int64)
-            if a.n_tail:
-                if a.tail_rows.shape[1] > tail.shape[1]:
-                    raise AssertionError(f"a tail of {a.tail_rows.shape[1]} rows past tail_rows_bound {tail.shape[1]}")
-                tail[:, :a.tail_rows.shape[1]] = a.tail_rows
-            parts += [np.array([a.shared_end]), tail.ravel()]
-        return np.concatenate(parts)
+        return step_values(self.cache, self.inputs, self.n_rows, self.tree, positions, write_row, tree_rows)
+
+
+def step_values(cache, inputs: StepInputs, n_rows: int, tree: bool, positions, write_row: int, tree_rows,
+                tokens=None) -> np.ndarray:
+    """StepInputs.values of a verify pass or a draft level (tokens first) from the host plan:
+    positions, physical rows, and for a tree shared_end and the path rows, padded."""
+    positions = np.asarray(positions, np.int64)
+    plan = build_plan(positions, write_row, cache.geometry, True, tree_rows)
+    parts = ([] if tokens is None else [np.asarray(tokens, np.int64)]) + [positions, plan.write_row_ids()]
+    if tree:
+        a = plan.attention
+        tail = np.zeros((n_rows, inputs.tail_len), np.int64)
+        if a.n_tail:
+            if a.tail_rows.shape[1] > tail.shape[1]:
+                raise AssertionError(f"a tail of {a.tail_rows.shape[1]} rows past the inputs' {tail.shape[1]}")
+            tail[:, :a.tail_rows.shape[1]] = a.tail_rows
+        parts += [np.array([a.shared_end]), tail.ravel()]
+    return np.concatenate(parts)
+
+
+class DraftGraph:
+    """A lone draft level of speculative decoding (engine/speculative: a chain's next node, or a
+    tree level's frontier) as a replayed graph, one per node count and chain/tree:
+    model.draft_pass, the nodes' tokens through the embedding, the prelude and the draft's `loops`
+    core iterations, the draft coda at coda_base and the head. -> (logits (T, V), the states after
+    the core iterations). The states are the graph's buffers copied out: the next level of a chain
+    replays the same graph, and the verify still needs this level's."""
+
+    def __init__(self, backend, model, cache, loops: int, coda_base: int, n_rows: int, tree: bool):
+        self.backend, self.model, self.cache = backend, model, cache
+        self.loops, self.coda_base, self.n_rows, self.tree = loops, coda_base, n_rows, tree
+        self.inputs = StepInputs.allocate_draft(backend.xp, n_rows, tree)
+        d = model.config.dim
+        self.hidden = backend.xp.zeros((n_rows, d), np.float32)      # the states each replay leaves
+        self.injected = backend.xp.zeros((n_rows, d), np.float32)
+        self.ids = backend.xp.zeros(n_rows, np.int32)                # each replay's greedy ids
+        self.steps, self.replay, self.logits, self.arena_bytes = 0, None, None, None
+
+    def _run(self, tokens, positions, write_row, tree_rows):
+        logits, trunk = self.model.draft_pass(tokens, positions, write_row, tree_rows, self.cache, self.loops,
+                                              self.coda_base)
+        self.hidden[...] = trunk.hidden          # recorded in the graph: a copy on the device
+        self.injected[...] = trunk.injected
+        return logits
+
+    def __call__(self, tokens, positions, write_row: int, tree_rows):
+        if (tree_rows is not None) != self.tree or len(positions) != self.n_rows or len(tokens) != self.n_rows:
+            raise ValueError(f"a draft graph of {self.n_rows} {'tree' if self.tree else 'chain'} rows cannot "
+                             f"run {len(positions)} {'tree' if tree_rows is not None else 'chain'} rows")
+        from tinyloop.model.transformer import Trunk
+        self.steps += 1
+        device = self.backend.device
+        run = with_greedy_ids(self.backend, lambda: self._run(tokens, positions, write_row, tree_rows), self.ids)
+        if self.steps == 1:                      # warm-up: compile and load, size the arena
+            logits, self.arena_bytes = device.measure(run)
+        else:
+            self.cache.ensure_rows(write_row, self.n_rows)
+            device.upload_ints(self.inputs.values, step_values(self.cache, self.inputs, self.n_rows, self.tree,
+                                                               positions, write_row, tree_rows, tokens))
+            with self.backend.static_inputs(self.inputs):
+                if self.replay is None:
+                    # tokens, positions, rows and the tree are frozen in the closure, as in a
+                    # recorded graph; the kernels read self.inputs
+                    self.replay, self.logits = device.capture(run, self.arena_bytes)
+                else:
+                    self.replay()
+            logits = self.logits
+            self.backend.graph_argmax.remember(self.ids, [(logits, 0)])
+        return logits, Trunk(self.hidden.copy(), self.injected.copy(), self.loops)
 
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # batch sizes a graph is captured for; a batch runs in the smallest that holds it
