@@ -8,6 +8,7 @@ speculative and tree decoding equal plain decoding token for token, and a draft 
 verify pass equals a sequential decode of each path bit for bit. With
 TINYLOOP_TEST_DEVICE=cuda (scripts/gpu_check.sh) the same tests run on CuPy and a GPU.
 """
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -395,10 +396,17 @@ class ArgmaxSpy:
                     return fn
 
                 def launch(*args, **kwargs):
-                    spy.outside += not spy.device.capturing
+                    spy.outside += not spy.capturing()
                     return fn(*args, **kwargs)
                 return launch
         return Module()
+
+    def capturing(self) -> bool:
+        """Inside a capture (or, on the harness, a replay, which re-runs the step): a GPU's
+        replay launches nothing from Python, so only its capture counts there."""
+        if hasattr(self.device, "capturing"):
+            return self.device.capturing
+        return self.device.xp.cuda.get_current_stream().is_capturing()
 
     def argmax(self, backend, logits):
         """-> (ids, launches outside a graph it took)."""
@@ -466,7 +474,7 @@ def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window
     def recording(self, *args):
         logits, trunk = original(self, *args)
         levels[self.backend.graphs].append((self.backend.to_host(logits), self.backend.to_host(trunk.hidden),
-                                            self.backend.to_host(trunk.injected), trunk))
+                                            self.backend.to_host(trunk.injected), trunk, self.backend))
         return logits, trunk
     LoopedTransformer.draft = recording
     try:
@@ -490,7 +498,7 @@ def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window
             assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), i
     # the states handed out earlier are unchanged by later replays (they are copies)
     for ours, _ in zip(levels[True], levels[False]):
-        assert np.array_equal(ours[3].hidden.view(np.uint32), ours[1].view(np.uint32))
+        assert np.array_equal(ours[4].to_host(ours[3].hidden).view(np.uint32), ours[1].view(np.uint32))
     assert any(g.replay is not None and g.steps >= 4 for g in drafts), [(g.n_rows, g.tree, g.steps) for g in drafts]
     assert all(g.tree == (branches > 1) for g in drafts if g.n_rows > 1)
     if branches == 1:       # a chain's next node is the draft's argmax, which its graph brought along
@@ -498,6 +506,69 @@ def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window
         # argmax launched outside a graph: the prefill's token and each graph's first (eager)
         # step, not a draft level's or a verify's replay (41 levels here)
         assert graph_spy.outside < 10 < len(levels[True]), (graph_spy.outside, len(levels[True]))
+
+
+def test_the_device_orders_its_streams_without_waiting_on_the_host():
+    """CupyDevice's stream order, with a stand-in for CuPy that records it: an upload or a copy
+    into a graph's inputs runs on the graph stream after the work queued on the current stream
+    and before whatever the current stream runs next; a replay likewise, without a host wait
+    (the greedy ids' copy to the host is the step's one wait)."""
+    from types import SimpleNamespace
+    from tinyloop.backends.cuda.device import CupyDevice
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def record(self):
+            log.append(("record", self.name))
+            return self.name
+
+        def wait_event(self, event):
+            log.append(("wait", self.name, event))
+
+        def synchronize(self):
+            log.append(("host waits", self.name))
+
+        def __enter__(self):
+            fake.current.append(self)
+
+        def __exit__(self, *exc):
+            fake.current.pop()
+
+        def begin_capture(self):
+            pass
+
+        def end_capture(self):
+            return SimpleNamespace(launch=lambda stream: log.append(("replay", stream.name)))
+
+    class Buffer:
+        def set(self, values):
+            log.append(("copy", fake.current[-1].name))
+
+        def __setitem__(self, key, value):
+            log.append(("copy", fake.current[-1].name))
+
+    fake = SimpleNamespace(current=[Stream("current")])
+    fake.cuda = SimpleNamespace(Stream=lambda non_blocking: Stream("graph"),
+                                get_current_stream=lambda: fake.current[-1],
+                                using_allocator=lambda allocator: contextlib.nullcontext(),
+                                Memory=lambda n: SimpleNamespace(size=n))
+    device = object.__new__(CupyDevice)
+    device.xp, device._modules, device._stream = fake, {}, None
+    device.upload_ints(Buffer(), [1, 2])
+    assert log == [("record", "current"), ("wait", "graph", "current"), ("copy", "graph"),
+                   ("record", "graph"), ("wait", "current", "graph")]
+    log.clear()
+    device.copy_into(Buffer(), None)
+    assert log == [("record", "current"), ("wait", "graph", "current"), ("copy", "graph"),
+                   ("record", "graph"), ("wait", "current", "graph")]
+    replay, _ = device.capture(lambda: None, 0)
+    log.clear()
+    replay()
+    assert log == [("record", "current"), ("wait", "graph", "current"), ("replay", "graph"),
+                   ("record", "graph"), ("wait", "current", "graph")]
 
 
 def test_tail_rows_bound_covers_every_tree_and_is_tight():

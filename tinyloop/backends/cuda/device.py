@@ -78,20 +78,26 @@ class CupyDevice:
         self.xp.cuda.get_current_stream().synchronize()
 
     def upload_ints(self, buffer, values) -> None:
-        """values -> an int32 device buffer of their length, in one copy, on the stream graphs replay on."""
+        """values -> an int32 device buffer of their length, in one copy, on the stream graphs
+        replay on (after the work queued so far), and before anything queued next on the current
+        stream: an eager kernel after a block table's upload reads the new table."""
         with self._ordered_graph_stream():
             buffer.set(np.asarray(values, np.int32))
+        self.wait_for_uploads()
 
     def wait_for_uploads(self) -> None:
         """The current stream waits for what upload_ints and copy_into queued on the graph stream
-        (an eager step that reads a graph's inputs: a batch graph's warm-up)."""
+        (each of them ends with it: a non-blocking stream and the default one order nothing
+        between them by themselves)."""
         self.xp.cuda.get_current_stream().wait_event(self._graph_stream().record())
 
     def copy_into(self, target, source) -> None:
         """target[...] = source on the device, on the stream graphs replay on, after the work
-        that produced source (a draft forward on the current stream)."""
+        that produced source (a draft forward on the current stream), and before what the
+        current stream does next."""
         with self._ordered_graph_stream():
             target[...] = source
+        self.wait_for_uploads()
 
     def _graph_stream(self):
         if self._stream is None:

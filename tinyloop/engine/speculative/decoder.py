@@ -128,8 +128,10 @@ class SpeculativeDecoder:
         Without penalties the backend finds each row's K best (only they reach the host)."""
         k = self.params.branches
         if k == 1 and len(frontier) == 1 and not self.sampler.needs_host:
-            # a chain: the one child is the argmax (top_k's first, ties to the lower id alike),
-            # which a replayed draft graph brings along; a chain never ranks, so no score
+            # a chain: the one child is the argmax (top_k's first, ties to the lower id alike;
+            # on a row with a NaN the first NaN, where the reference top_k finds none: the verify
+            # decides either way), which a replayed draft graph brings along; a chain never
+            # ranks, so no score
             return [(frontier[0], int(self.model.backend.argmax(logits)[0]), tree.nodes[frontier[0]].score)]
         if not self.sampler.needs_host:
             ids, values, normalizers = self.model.backend.top_k(logits, k)
