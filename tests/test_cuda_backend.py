@@ -462,8 +462,9 @@ def test_a_replayed_graph_brings_its_greedy_ids_along(tiny_files):
 
 @pytest.mark.parametrize("branches,window", [(1, 0), (2, 0), pytest.param(3, 64, marks=SLOW_ON_THE_HARNESS)])
 def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window):
-    """Graph-captured draft levels (graphs.py DraftGraph, one per node count, chain or tree):
-    every level's logits and the states it hands the verify equal the eager draft's bit for bit,
+    """Graph-captured draft levels (graphs.py DraftGraph, one per node count, chain or tree, and
+    the round's last level, which only writes the draft coda's rows and has no head): every
+    level's logits and the states it hands the verify equal the eager draft's bit for bit,
     level after level over a whole greedy speculative generation (a draft graph that drafted
     other tokens would still give plain generation's tokens, so the levels themselves are
     compared), and a chain's levels, which replay one graph, keep each level's states apart."""
@@ -473,7 +474,8 @@ def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window
 
     def recording(self, *args):
         logits, trunk = original(self, *args)
-        levels[self.backend.graphs].append((self.backend.to_host(logits), self.backend.to_host(trunk.hidden),
+        levels[self.backend.graphs].append((None if logits is None else self.backend.to_host(logits),
+                                            self.backend.to_host(trunk.hidden),
                                             self.backend.to_host(trunk.injected), trunk, self.backend))
         return logits, trunk
     LoopedTransformer.draft = recording
@@ -494,18 +496,52 @@ def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window
     assert tokens[True] == tokens[False]
     assert len(levels[True]) == len(levels[False]) > 6
     for i, (ours, theirs) in enumerate(zip(levels[True], levels[False])):
+        assert (ours[0] is None) == (theirs[0] is None), i        # the round's last level has no head
         for a, b in zip(ours[:3], theirs[:3]):
-            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), i
+            assert a is None or np.array_equal(a.view(np.uint32), b.view(np.uint32)), i
     # the states handed out earlier are unchanged by later replays (they are copies)
     for ours, _ in zip(levels[True], levels[False]):
         assert np.array_equal(ours[4].to_host(ours[3].hidden).view(np.uint32), ours[1].view(np.uint32))
-    assert any(g.replay is not None and g.steps >= 4 for g in drafts), [(g.n_rows, g.tree, g.steps) for g in drafts]
+    for head in (True, False):          # the levels the draft runs, and the round's last one
+        assert any(g.replay is not None and g.steps >= 4 for g in drafts if g.head == head), \
+            [(g.n_rows, g.tree, g.head, g.steps) for g in drafts]
     assert all(g.tree == (branches > 1) for g in drafts if g.n_rows > 1)
     if branches == 1:       # a chain's next node is the draft's argmax, which its graph brought along
         assert graph_spy.top_k == 0
         # argmax launched outside a graph: the prefill's token and each graph's first (eager)
         # step, not a draft level's or a verify's replay (41 levels here)
         assert graph_spy.outside < 10 < len(levels[True]), (graph_spy.outside, len(levels[True]))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_draft_rest_pass_writes_what_a_plain_forward_writes(tiny_files, graphs):
+    """The round's last level (a pass of tokens through d iterations whose coda only writes its
+    cache rows: Pass.is_draft_rest, model.draft without the head; a replayed graph from its second
+    step) against the spec's oracle, a plain forward at d loops on a cache of its own: with the
+    side coda at the plain forward's coda slots, every slot's stored row is the same bits, and so
+    are the states after the d iterations (the forward's hidden before its coda is not exposed,
+    so the states are compared with model.trunk's)."""
+    from tinyloop.model.batch import Pass, run_passes
+    model = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=graphs)).model
+    backend, d, loops = model.backend, 1, 3
+    prompt = [int(t) for t in np.random.default_rng(2).integers(3, 500, 20)]
+    caches = [model.new_cache(40, loops) for _ in range(3)]
+    for cache in caches:
+        prefill(model, prompt, cache, loops)
+    for step, token in enumerate((7, 99, 23, 5)):
+        position = len(prompt) + step
+        rest = Pass(caches[0], np.array([position]), position, d, tokens=[token], side=(d, model.coda_base(d)))
+        run_passes(model, [rest])
+        model.forward([token], [position], caches[1], d)
+        for name, ours in backend.kv_stored(caches[0].storage, [position]).items():
+            theirs = backend.kv_stored(caches[1].storage, [position])[name]
+            assert np.array_equal(ours.view(np.uint8), theirs.view(np.uint8)), (step, name)
+        plan = model.plan(np.array([position]), position, caches[2])
+        trunk = model.resume(model.trunk([token], plan, caches[2], 0), plan, caches[2], d)
+        assert np.array_equal(backend.to_host(rest.trunk_out.hidden), backend.to_host(trunk.hidden)), step
+        assert rest.logits is None and rest.iterations_run == d
+    if graphs:
+        assert any(not g.head and g.replay is not None for g in backend._draft_graphs.values())
 
 
 def test_the_device_orders_its_streams_without_waiting_on_the_host():

@@ -248,10 +248,11 @@ class Backend(abc.ABC):
         each pass's logits and iterations_run, or None: run_passes runs them."""
         return None
 
-    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree):
+    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree, head=True):
         """A faster speculative draft level, callable as (tokens, positions, write_row, tree_rows)
-        -> (logits (T, V), Trunk) with model.draft_pass's results bit for bit, or None (run it as
-        usual). The CUDA backend replays a captured graph per node count."""
+        -> (logits (T, V), or None without the head, Trunk) with model.draft_pass's results bit
+        for bit, or None (run it as usual). The CUDA backend replays a captured graph per node
+        count."""
         return None
 
     def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):

@@ -73,6 +73,13 @@ class Pass:
                 and self.head == "all" and self.exit_check is None and self.kept is None)
 
     @property
+    def is_draft_rest(self) -> bool:
+        """Tokens through the iterations, then the coda only for its cache rows (a side coda at the
+        last iteration, no head): a speculative round's last level, which the draft never ran."""
+        return (self.tokens is not None and self.exact and self.side is not None and self.side[0] == self.iterations
+                and self.coda is None and self.head is None and self.exit_check is None and self.kept is None)
+
+    @property
     def is_plain_decode(self) -> bool:
         """One token from its embedding through every iteration, the coda and the head: a decode step."""
         return (self.tokens is not None and self.n_rows == 1 and self.exact and self.tree is None
@@ -164,9 +171,10 @@ def _run_alone(model, p: Pass) -> None:
         p.logits = model.verify(p.trunk, p.positions, p.write_row, p.tree, p.cache, p.iterations, p.coda)
         p.iterations_run = p.iterations
         return
-    if p.is_draft_level:
+    if p.is_draft_level or p.is_draft_rest:
+        head = p.is_draft_level
         p.logits, p.trunk_out = model.draft(p.tokens, p.positions, p.write_row, p.tree, p.cache, p.iterations,
-                                            p.coda)
+                                            p.coda if head else p.side[1], head)
         p.iterations_run = p.iterations
         return
     plan = p.plan = model.plan(p.positions, p.write_row, p.cache, p.exact, p.tree)

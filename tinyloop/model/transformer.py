@@ -326,22 +326,24 @@ class LoopedTransformer:
         return runner(token, position)
 
     def draft(self, tokens, positions, write_row: int, tree: TreeRows | None, cache: KVCache, loops: int,
-              coda_base: int):
+              coda_base: int, head: bool = True):
         """A speculative draft level: T nodes' tokens at `positions` from virtual row write_row
         (tree: their path rows, None for a chain) through `loops` core iterations, the coda at
-        coda_base, the head. Through the backend's draft runner where it has one (a CUDA graph per
-        node count). -> (logits (T, V), the states after the core iterations: a Trunk)."""
+        coda_base, the head (head=False: the coda only writes its cache rows: the round's last
+        level). Through the backend's draft runner where it has one (a CUDA graph per node count).
+        -> (logits (T, V) or None, the states after the core iterations: a Trunk)."""
         runner = None if self.config.initial_state == "random" else \
-            self.backend.draft_runner(self, cache, loops, coda_base, len(positions), tree is not None)
+            self.backend.draft_runner(self, cache, loops, coda_base, len(positions), tree is not None, head)
         if runner is None:
-            return self.draft_pass(tokens, positions, write_row, tree, cache, loops, coda_base)
+            return self.draft_pass(tokens, positions, write_row, tree, cache, loops, coda_base, head)
         return runner(tokens, positions, write_row, tree)
 
     def draft_pass(self, tokens, positions, write_row: int, tree: TreeRows | None, cache: KVCache, loops: int,
-                   coda_base: int):
+                   coda_base: int, head: bool = True):
         plan = self.plan(positions, write_row, cache, tree=tree)
         trunk = self.resume(self.trunk(tokens, plan, cache, 0), plan, cache, loops)
-        return self.head(self.coda(trunk.hidden, plan, cache, coda_base)), trunk
+        hidden = self.coda(trunk.hidden, plan, cache, coda_base)
+        return (self.head(hidden) if head else None), trunk
 
     def verify(self, trunk: Trunk, positions, write_row: int, tree: TreeRows | None, cache: KVCache, loops: int,
                coda_base: int):

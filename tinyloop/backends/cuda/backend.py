@@ -192,18 +192,19 @@ class CudaBackend(Backend):
             graph = self._graph = DecodeGraph(self, model, cache, loops)     # one request at a time
         return graph
 
-    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree):
-        """The captured draft level of this request for n_rows nodes (chain or tree), or None."""
+    def draft_runner(self, model, cache, loops, coda_base, n_rows, tree, head=True):
+        """The captured draft level of this request for n_rows nodes (chain or tree; head=False:
+        the round's last level, its coda's cache rows only), or None."""
         if not self.graphs:
             return None
         key = (model, cache, loops, coda_base)
         last = self._draft_key
         if last is None or key[0] is not last[0] or key[1] is not last[1] or key[2:] != last[2:]:
             self._draft_graphs, self._draft_key = {}, key                   # one request at a time
-        graph = self._draft_graphs.get((n_rows, tree))
+        graph = self._draft_graphs.get((n_rows, tree, head))
         if graph is None:
-            graph = DraftGraph(self, model, cache, loops, coda_base, n_rows, tree)
-            self._draft_graphs[(n_rows, tree)] = graph
+            graph = DraftGraph(self, model, cache, loops, coda_base, n_rows, tree, head)
+            self._draft_graphs[(n_rows, tree, head)] = graph
         return graph
 
     def verify_runner(self, model, cache, from_iterations, loops, coda_base, n_rows, tree):

@@ -262,15 +262,18 @@ def step_values(cache, inputs: StepInputs, n_rows: int, tree: bool, positions, w
 
 class DraftGraph:
     """A lone draft level of speculative decoding (engine/speculative: a chain's next node, or a
-    tree level's frontier) as a replayed graph, one per node count and chain/tree:
+    tree level's frontier) as a replayed graph, one per node count, chain/tree and head:
     model.draft_pass, the nodes' tokens through the embedding, the prelude and the draft's `loops`
-    core iterations, the draft coda at coda_base and the head. -> (logits (T, V), the states after
-    the core iterations). The states are the graph's buffers copied out: the next level of a chain
-    replays the same graph, and the verify still needs this level's."""
+    core iterations, the draft coda at coda_base and (head) the head. -> (logits (T, V) or None,
+    the states after the core iterations). Without the head it is the round's last level, which
+    the draft never ran: its coda only writes the draft coda's cache rows, and its states go to
+    the verify. The states are the graph's buffers copied out: the next level of a chain replays
+    the same graph, and the verify still needs this level's."""
 
-    def __init__(self, backend, model, cache, loops: int, coda_base: int, n_rows: int, tree: bool):
+    def __init__(self, backend, model, cache, loops: int, coda_base: int, n_rows: int, tree: bool,
+                 head: bool = True):
         self.backend, self.model, self.cache = backend, model, cache
-        self.loops, self.coda_base, self.n_rows, self.tree = loops, coda_base, n_rows, tree
+        self.loops, self.coda_base, self.n_rows, self.tree, self.head = loops, coda_base, n_rows, tree, head
         self.inputs = StepInputs.allocate_draft(backend.xp, n_rows, tree)
         d = model.config.dim
         self.hidden = backend.xp.zeros((n_rows, d), np.float32)      # the states each replay leaves
@@ -280,10 +283,10 @@ class DraftGraph:
 
     def _run(self, tokens, positions, write_row, tree_rows):
         logits, trunk = self.model.draft_pass(tokens, positions, write_row, tree_rows, self.cache, self.loops,
-                                              self.coda_base)
+                                              self.coda_base, self.head)
         self.hidden[...] = trunk.hidden          # recorded in the graph: a copy on the device
         self.injected[...] = trunk.injected
-        return logits
+        return logits if self.head else self.hidden     # a step's result is one array
 
     def __call__(self, tokens, positions, write_row: int, tree_rows):
         if (tree_rows is not None) != self.tree or len(positions) != self.n_rows or len(tokens) != self.n_rows:
@@ -292,7 +295,9 @@ class DraftGraph:
         from tinyloop.model.transformer import Trunk
         self.steps += 1
         device = self.backend.device
-        run = with_greedy_ids(self.backend, lambda: self._run(tokens, positions, write_row, tree_rows), self.ids)
+        run = lambda: self._run(tokens, positions, write_row, tree_rows)      # noqa: E731
+        if self.head:
+            run = with_greedy_ids(self.backend, run, self.ids)
         if self.steps == 1:                      # warm-up: compile and load, size the arena
             logits, self.arena_bytes = device.measure(run)
         else:
@@ -307,8 +312,9 @@ class DraftGraph:
                 else:
                     self.replay()
             logits = self.logits
-            self.backend.graph_argmax.remember(self.ids, [(logits, 0)])
-        return logits, Trunk(self.hidden.copy(), self.injected.copy(), self.loops)
+            if self.head:
+                self.backend.graph_argmax.remember(self.ids, [(logits, 0)])
+        return (logits if self.head else None), Trunk(self.hidden.copy(), self.injected.copy(), self.loops)
 
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)  # batch sizes a graph is captured for; a batch runs in the smallest that holds it
