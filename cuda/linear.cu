@@ -143,18 +143,22 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
 
 // This lane's words of a batch (lane l: words base + 32 q + l, q < B) of the warp's column,
 // and their scales and mins. CLAMP (a tile's last batch): past `end` a lane loads the tile's
-// last word again instead, so no load waits on a branch; the sums stop at `end`.
-template <class Kind, int B, bool CLAMP>
+// last word again instead, so no load waits on a branch; the sums stop at `end`. REGULAR:
+// the launch's groups are Kind::regular_groups (batch_params).
+template <class Kind, int B, bool CLAMP, bool REGULAR = false>
 __device__ __forceinline__ void load_batch(const LinearArgs& a, const unsigned int* row_words,
                                            const typename Kind::Column& column, int base, int end,
                                            unsigned magic, unsigned int* words, typename Kind::Params* params) {
     const int lane = threadIdx.x & 31;
+    // one address a batch: the unclamped words are its offsets (128 bytes apart), so no load
+    // computes a 64-bit address of its own
+    const unsigned int* first = row_words + base + lane;
 #pragma unroll
     for (int q = 0; q < B; q++) {
-        unsigned w = CLAMP ? min(base + q * 32 + lane, end - 1) : base + q * 32 + lane;
-        words[q] = row_words[w];   // sass: linear-rows-weights
-        params[q] = Kind::params(column, w, magic, a);
+        if (CLAMP) words[q] = row_words[min(base + q * 32 + lane, end - 1)];   // sass: linear-rows-weights
+        else words[q] = first[q * 32];                                         // sass: linear-rows-weights
     }
+    Kind::template batch_params<B, CLAMP, REGULAR>(column, base + lane, end, magic, a, params);
 }
 
 // Add a batch's products to the rows' sums: word by word (lane l's words in order), within a
@@ -290,8 +294,9 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // The chunk's rows fit one tile (every decode row up to 8,192 stored columns): staged once, then
 // each warp runs through its columns back to back, a batch always in flight: the next batch,
 // or the next column's first, loads while this one is summed. No barrier after the staging.
-// EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane), so no
-// batch is clamped or checked and the loop has one arm.
+// EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane) and
+// its groups regular (Kind::regular_groups: a batch's scales and mins at offsets from its
+// first word's), so no batch is clamped or checked and the loop has one arm.
 template <class Kind, class X, int R, bool EVEN>
 __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
@@ -307,7 +312,7 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     typename Kind::Params params[B], next_params[B];
     // a column's pointers are found again at each load (a few instructions a batch), not kept:
     // the registers go to the batches in flight
-    if (any) load_batch<Kind, B, !EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
+    if (any) load_batch<Kind, B, !EVEN, EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
     if (a.norm) rows_norm_stats<R>(a, row0, st, slots);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
     stage_rows<CPW, R, TW, X>(a, row0, 0, W, xs, st);
@@ -326,8 +331,8 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
         if (next_o < a.n_out) {
             const unsigned int* next_words = a.weights + (long long)next_o * W;
             if (EVEN || next_base + STEP <= W)
-                load_batch<Kind, B, false>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
-                                           next_params);
+                load_batch<Kind, B, false, EVEN>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
+                                                 next_params);
             else
                 load_batch<Kind, B, true>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
                                           next_params);
@@ -414,7 +419,8 @@ __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float*
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
-        if (a.words_per_row % (32 * rows_batch(R)) == 0) rows_resident<Kind, X, R, true>(a, row0, xs, st, slots);
+        if (a.words_per_row % (32 * rows_batch(R)) == 0 && Kind::regular_groups(a))
+            rows_resident<Kind, X, R, true>(a, row0, xs, st, slots);
         else rows_resident<Kind, X, R, false>(a, row0, xs, st, slots);
     } else {
         rows_tiled<Kind, X, R>(a, row0, xs, st, slots);

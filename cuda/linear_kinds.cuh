@@ -54,6 +54,39 @@ __device__ __forceinline__ unsigned group_magic(int group_size) {
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
+// (a & mask) | c in one LOP3: nvcc splits it in two where mask and c are both constants (an
+// instruction takes one immediate), so c goes in as a register operand of the PTX lop3.
+__device__ __forceinline__ unsigned int and_or(unsigned int a, unsigned int mask, unsigned int c) {
+#ifdef __CUDA_ARCH__
+    unsigned int d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));   // 0xEA: (a & b) | c
+    return d;
+#else
+    return (a & mask) | c;
+#endif
+}
+
+// The code of BITS bits at bit `pos` of a word, as a float (pos is a constant once unrolled).
+// No integer-to-float conversion (I2FP: 16 a clock per SM on sm_90, an eighth of the FP32
+// rate) and no shift per code: the code is masked in place into the mantissa of 2^23
+// (code 2^k < 2^23 for k = pos, or k = pos - 16 in `high`, the word shifted down 16 once),
+// which gives the float 2^23 + code 2^k exactly; code = that 2^-k - 2^(23-k), exact (every
+// step is exact: power-of-two scaling, and a difference that is representable).
+// The same value as (float)((word >> pos) & mask), bit for bit.
+template <int BITS>
+__device__ __forceinline__ float code_at(unsigned int word, unsigned int high, int pos) {
+    const unsigned int mask = (1u << BITS) - 1u;
+    const bool low = pos + BITS <= 23;
+    const int k = low ? pos : pos - 16;
+    const unsigned int bits = and_or((low ? word : high), mask << k, 0x4B000000u);   // 2^23 + code 2^k
+    // int4: one FFMA (its two constants a pair of registers per k, 5 pairs); int2 and int8
+    // subtract 2^23 first, then scale: an instruction more where k > 0, but one constant a k,
+    // which keeps their rows kernels within 128 registers (the FFMA form spills them on sm_90)
+    if (BITS == 4) return __fmaf_rn(__uint_as_float(bits), 1.0f / (float)(1u << k), -(float)(1u << (23 - k)));
+    const float scaled = tl_add(__uint_as_float(bits), -8388608.0f);                  // code 2^k
+    return k == 0 ? scaled : tl_mul(scaled, 1.0f / (float)(1u << k));
+}
+
 // S: the stored type of scale and min (__half or float)
 template <int BITS, class S>
 struct QuantKind {
@@ -88,6 +121,36 @@ struct QuantKind {
         }
         return p;
     }
+    // Whether a batch's groups follow from its first word's (batch_params REGULAR): group_size
+    // divides the 32 CPW columns a batch step spans, and the groups cover every stored word, so
+    // params()'s clamp never binds. Uniform over a launch.
+    __device__ __forceinline__ static bool regular_groups(const LinearArgs& a) {
+        return TL_GROUP_PER_WORD(a, CPW) && (32 * CPW) % a.group_size == 0
+               && a.groups * a.group_size >= a.words_per_row * CPW;
+    }
+    // params() of a warp's batch (linear.cu load_batch): lane l's words first + 32 q, q < B
+    // (CLAMP: at most end - 1). REGULAR (regular_groups, no CLAMP): word q's group is the
+    // first's + q (32 CPW / group_size), one group found a batch and its loads a pointer and
+    // offsets; otherwise params() a word. The same scales and mins either way.
+    template <int B, bool CLAMP, bool REGULAR>
+    __device__ __forceinline__ static void batch_params(const Column& c, int first, int end, unsigned magic,
+                                                        const LinearArgs& a, Params* p) {
+        if (REGULAR) {
+            const int per_batch = __umulhi(32 * CPW, magic);    // groups a batch step spans (no division)
+            const unsigned group = __umulhi((unsigned)first * CPW, magic);
+            const S* s = c.s + group;
+            const S* m = c.m + group;
+#pragma unroll
+            for (int q = 0; q < B; q++) {
+                p[q].s = widen(s[q * per_batch]);
+                p[q].m = widen(m[q * per_batch]);
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < B; q++)
+                p[q] = params(c, CLAMP ? min(first + q * 32, end - 1) : first + q * 32, magic, a);
+        }
+    }
     // word `word_index` of output row `o`: its CPW weights, in column order.
     __device__ __forceinline__ static void decode(unsigned int word, int word_index, int o,
                                                   const LinearArgs& a, float* w) {
@@ -113,14 +176,19 @@ struct QuantKind {
                 m[b] = widen(min_row[group]);
             }
         }
+        const unsigned int high = word >> 16;
 #pragma unroll
         for (int b = 0; b < 4; b++)
 #pragma unroll
             for (int i = 0; i < PER_BYTE; i++) {
-                unsigned int code = (word >> (8 * b + BITS * i)) & ((1u << BITS) - 1u);
-                w[b * PER_BYTE + i] = tl_add(tl_mul((float)code, s[b]), m[b]);
+                float code = code_at<BITS>(word, high, 8 * b + BITS * i);
+                // with half scales code * scale is exact in float (BITS + 11 significant bits,
+                // far from the float range's ends), so one rounding of code * scale + min is
+                // the twin's two (round(code * scale), then + min): the same bits, one FFMA
+                w[b * PER_BYTE + i] = EXACT_PRODUCT ? __fmaf_rn(code, s[b], m[b]) : tl_add(tl_mul(code, s[b]), m[b]);
             }
     }
+    static const bool EXACT_PRODUCT = sizeof(S) == 2 && BITS <= 13;
 };
 
 // The two halves of a 32-bit word (the lower-index element in the low 16 bits), widened.
@@ -140,6 +208,9 @@ struct F16Kind {
     typedef NoParams Column;
     __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
     __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
+    __device__ __forceinline__ static bool regular_groups(const LinearArgs&) { return true; }
+    template <int B, bool CLAMP, bool REGULAR>
+    __device__ __forceinline__ static void batch_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = low_half(word);
@@ -158,6 +229,9 @@ struct F32Kind {
     typedef NoParams Column;
     __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
     __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
+    __device__ __forceinline__ static bool regular_groups(const LinearArgs&) { return true; }
+    template <int B, bool CLAMP, bool REGULAR>
+    __device__ __forceinline__ static void batch_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = __uint_as_float(word);

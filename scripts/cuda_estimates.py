@@ -163,9 +163,12 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
         cpw = linear_launch.COLUMNS_PER_WORD.get(kernel.split("_")[2], 8)
         innermost = [l for l in loops
                      if not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"] for o in loops)]
-        # one row's loop: 4 float operations a weight (code * scale + min, then * x + sum)
-        resident = [l for l in innermost if "linear-rows-resident" in l["tags"]
-                    and l["float_ops"] == 4 * cpw * l["widths"].get("4", 0)]
+        # one row's loop: the fewest float operations a word (a second row adds its product and
+        # sum to each weight's decoding; how many the decoding takes depends on the kind)
+        resident = [l for l in innermost if "linear-rows-resident" in l["tags"] and l["widths"].get("4", 0)]
+        if resident:
+            fewest = min(l["float_ops"] / l["widths"]["4"] for l in resident)
+            resident = [l for l in resident if l["float_ops"] / l["widths"]["4"] == fewest]
         tiled = [l for l in innermost if "linear-rows-resident" not in l["tags"]]
         if rows == 1 and resident:
             loop = min(resident, key=lambda l: l["instructions"])

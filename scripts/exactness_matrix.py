@@ -4,6 +4,7 @@ this CPU can run, and compare the compiled kernels' logits across compile target
     python scripts/exactness_matrix.py            # full set under the CPU's own kernels, reduced under the rest
     python scripts/exactness_matrix.py --full     # the full exactness set under every configuration
     python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
+    python scripts/exactness_matrix.py --jobs 1   # one configuration at a time (default: one per CPU)
 
 The CPU kernels (backends/cpu, the default) are compiled by numba for the CPU it runs on
 unless NUMBA_CPU_NAME names another target (with NUMBA_CPU_FEATURES naming that CPU's
@@ -37,6 +38,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,18 +203,22 @@ def fingerprint(target: Target, path: Path) -> dict | None:
     return arrays
 
 
-def compare_targets(workdir: Path) -> list[Target]:
-    """Every compile target's logits against this CPU's own target's, bit for bit."""
+def compare_targets(workdir: Path, jobs: int = 1) -> list[Target]:
+    """Every compile target's logits against this CPU's own target's, bit for bit (the
+    fingerprints written `jobs` at a time, each its own process; compared in order)."""
     import numpy as np
     targets = compile_targets()
     reference = None
+    runnable = [t for t in targets if not t.skipped]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        written = {id(t): pool.submit(fingerprint, t, workdir / f"{t.name or 'host'}.npz") for t in runnable}
     for target in targets:
         if target.skipped:
             print(f"  {target.name:<24} skipped: {target.skipped}")
             continue
         label = target.name or "this CPU's own target"
         print(f"  {label:<24} logits of every path ...", end=" ", flush=True)
-        arrays = fingerprint(target, workdir / f"{target.name or 'host'}.npz")
+        arrays = written[id(target)].result()
         if arrays is None:
             print(f"FAILED: {target.error}")
             continue
@@ -249,8 +255,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the full exactness set under every configuration")
     parser.add_argument("--list", action="store_true", help="show the configurations and exit")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="configurations run at once, each its own process (default: the CPUs; "
+                             "the tests are single-threaded compute, and no result depends on timing)")
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --), e.g. -- -x")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
     configs = plan(args.full)
     seen_kernels: dict[tuple, str] = {}
@@ -271,14 +282,21 @@ def main() -> int:
             state = (f"skipped: {config.skipped}" if config.skipped else
                      f"would run: {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}")
             print(f"  {config.name:<24} {state}")
-            continue
-        print(f"  {config.name:<24} {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}; "
-              f"{'reduced' if config.reduced else 'full'} set ...", end=" ", flush=True)
-        run(config, args.pytest_args)
-        verdict = "ok" if not config.failed else "FAILED"
-        print(f"{verdict}: {config.passed} passed, {config.failed} failed in {config.seconds:.0f} s", flush=True)
-        for line in config.tail:
-            print(f"      {line}")
+    if not args.list:
+        to_run = [c for c in configs if not c.skipped]
+        print(f"running {len(to_run)} configurations, {args.jobs} at a time", flush=True)
+        # each configuration is its own pytest process; threads only wait on them
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            done = {pool.submit(run, config, args.pytest_args): config for config in to_run}
+            for future in as_completed(done):
+                config = done[future]
+                future.result()
+                verdict = "ok" if not config.failed else "FAILED"
+                print(f"  {config.name:<24} {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}; "
+                      f"{'reduced' if config.reduced else 'full'} set: {verdict}: {config.passed} passed, "
+                      f"{config.failed} failed in {config.seconds:.0f} s", flush=True)
+                for line in config.tail:
+                    print(f"      {line}")
     if args.list:
         for target in compile_targets():
             state = f"skipped: {target.skipped}" if target.skipped else "would compare its logits with the first"
@@ -287,7 +305,7 @@ def main() -> int:
     print("compiled CPU kernels across compile targets: logits bit for bit (scripts/logit_fingerprint.py)")
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        targets = compare_targets(Path(tmp))
+        targets = compare_targets(Path(tmp), args.jobs)
     ran = [c for c in configs if not c.skipped]
     failed = [c.name for c in ran if c.failed]
     compared = [t for t in targets if not t.skipped]

@@ -126,6 +126,20 @@ def test_groups_found_by_multiply_equal_division(kernel_device, group):
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
 
 
+@pytest.mark.parametrize("kind,group,n_in", [("int4", 8, 2040), ("int8", 4, 1020), ("int2", 16, 4080)])
+def test_whole_batches_past_the_last_group_borrow_it(kernel_device, kind, group, n_in):
+    """Rows whose 16-byte padding holds a word past the last group (int4 in groups of 8 over
+    2,040 columns: 255 words of groups, 256 stored), in whole batches (one row: 256 words a
+    batch, the resident loop with no clamped batch), where a batch's groups are found from its
+    first word's: the padding word borrows the last group's scale and min as the twin's does,
+    and no load reads past a row's groups (the last row's would fault: the harness's arrays end
+    against an inaccessible page)."""
+    rng = np.random.default_rng(group)
+    parts = [weight_part(kind, rng, 9, n_in, group=group)]
+    x = inputs(rng, 1, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
 @pytest.mark.parametrize("n_in", [700, 2048, 2500])
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)

@@ -107,3 +107,39 @@ def test_the_fp16_configuration_is_not_taken_for_a_repeat_of_the_same_kernels(mo
     for name in ("fp16 activations", "haswell + Haswell", "generic + Prescott", "NumPy reference backend"):
         line = next(line for line in lines if line.startswith(name))
         assert "would run" in line, line
+
+def test_jobs_run_configurations_at_once_and_count_every_one(monkeypatch, capsys):
+    """--jobs 2: two configurations' runs are in progress together (each waits at a barrier
+    for the other: run one at a time, the barrier times out and breaks), every planned
+    configuration runs once, and one failure fails the whole matrix."""
+    import threading
+    monkeypatch.setattr(matrix, "cpu_flags", lambda: HASWELL_FLAGS | {"bmi2", "f16c"})
+
+    def own_kernels(config):
+        config.kernels, config.simd = config.name, "X86_V3"
+    monkeypatch.setattr(matrix, "probe", own_kernels)
+    barrier, ran, lock = threading.Barrier(2, timeout=30), [], threading.Lock()
+
+    def fake_run(config, pytest_args):
+        with lock:
+            first_two = len(ran) < 2
+            ran.append(config.name)
+        if first_two:
+            barrier.wait()
+        config.passed, config.failed = 3, int(config.name.startswith("generic"))
+    monkeypatch.setattr(matrix, "run", fake_run)
+    monkeypatch.setattr(matrix, "compare_targets", lambda workdir, jobs: [])
+    monkeypatch.setattr(matrix.sys, "argv", ["exactness_matrix.py", "--jobs", "2"])
+    status = matrix.main()
+    planned = [c.name for c in matrix.plan(False) if not c.skipped]
+    assert sorted(ran) == sorted(planned) and len(ran) >= 3
+    assert status == 1
+    out = capsys.readouterr().out
+    assert "generic + Prescott" in out and "FAILED: 3 passed, 1 failed" in out
+
+
+def test_jobs_must_be_positive(monkeypatch):
+    monkeypatch.setattr(matrix.sys, "argv", ["exactness_matrix.py", "--jobs", "0"])
+    with pytest.raises(SystemExit) as stopped:
+        matrix.main()
+    assert stopped.value.code == 2
