@@ -4,7 +4,7 @@ this CPU can run, and compare the compiled kernels' logits across compile target
     python scripts/exactness_matrix.py            # full set under the CPU's own kernels, reduced under the rest
     python scripts/exactness_matrix.py --full     # the full exactness set under every configuration
     python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
-    python scripts/exactness_matrix.py --jobs 1   # one configuration at a time (default: one per CPU)
+    python scripts/exactness_matrix.py --jobs 2   # two configurations at a time (default: one)
 
 The CPU kernels (backends/cpu, the default) are compiled by numba for the CPU it runs on
 unless NUMBA_CPU_NAME names another target (with NUMBA_CPU_FEATURES naming that CPU's
@@ -255,9 +255,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the full exactness set under every configuration")
     parser.add_argument("--list", action="store_true", help="show the configurations and exit")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="configurations run at once, each its own process (default: the CPUs; "
-                             "the tests are single-threaded compute, and no result depends on timing)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="configurations run at once, each its own process (default 1; the tests "
+                             "are single-threaded compute, and no result depends on timing)")
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --), e.g. -- -x")
     args = parser.parse_args()
     if args.jobs < 1:
