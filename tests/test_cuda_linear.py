@@ -140,6 +140,18 @@ def test_whole_batches_past_the_last_group_borrow_it(kernel_device, kind, group,
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
 
 
+@pytest.mark.parametrize("kind,group,n_in", [("int4", 512, 2048), ("int4", 32, 2048), ("int8", 128, 1024)])
+def test_whole_batches_find_each_words_group(kernel_device, kind, group, n_in):
+    """One row in whole batches (linear.cu's resident loop, no clamped batch): where the group
+    size divides a batch step's 32 x CPW columns, a batch's groups are found from its first
+    word's at fixed offsets (linear_kinds.cuh regular_groups); groups of 512 int4 columns span
+    two batch steps, so their words find each group on its own, as the twin's division does."""
+    rng = np.random.default_rng(group + n_in)
+    parts = [weight_part(kind, rng, 9, n_in, group=group)]
+    x = inputs(rng, 1, n_in)
+    assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
+
+
 @pytest.mark.parametrize("n_in", [700, 2048, 2500])
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("kind,scale_dtype", KIND_SCALES)
