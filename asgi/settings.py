@@ -56,6 +56,8 @@ class Settings:
         graphs_enabled()                    # TINYLOOP_CUDA_GRAPHS: read by the CUDA backend, a typo refused here
         from tinyloop.backends.cuda.backend import mma_rows_enabled
         mma_rows_enabled()                  # TINYLOOP_CUDA_MMA_ROWS: likewise
+        from tinyloop.backends.cuda.dependent_launch import dependent_launch_enabled
+        dependent_launch_enabled()          # TINYLOOP_CUDA_PDL: likewise
         from tinyloop.backends.select import activations_from_env
         activations_from_env()              # TINYLOOP_ACTIVATIONS: read when the backend is made, checked here
         return cls(

@@ -33,6 +33,22 @@ __device__ __forceinline__ void tl_store(void* out, long long i, float v, int ou
 
 __device__ __forceinline__ float tl_inf() { return __int_as_float(0x7f800000); }
 
+// Programmatic dependent launch (sm_90 and later; TINYLOOP_CUDA_PDL=1,
+// tinyloop/backends/cuda/dependent_launch.py): a kernel launched with it may be scheduled while
+// the kernel before it in the stream still runs. So every entry point's first statement is this
+// call: it waits until the previous grid has finished and its writes are visible
+// (griddepcontrol.wait), before the kernel reads or writes any global memory, then lets the next
+// kernel's blocks be scheduled (griddepcontrol.launch_dependents; they in turn wait here for this
+// grid to finish). A kernel thus sees exactly what it sees when launched alone, and none of its
+// writes can reach a kernel still running. Launched without the attribute, below sm_90 and in the
+// CPU harness, both instructions do nothing. tests/test_dependent_launch.py checks every entry point.
+__device__ __forceinline__ void tl_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // A load that skips the SM's L1: what other blocks (other SMs) wrote during this launch, read by
 // the block a counter elected (attention's fused merge, linear_mma's split reduction). The
 // harness has one memory: a plain load.

@@ -10,6 +10,7 @@
 
 // table: (V, D), ids: (T,), out: (T, D). One block per row; ids are trusted (< V).
 extern "C" __global__ void embed_rows(const float* table, const int* ids, float* out, int T, int D) {
+    tl_dependent_launch();
     int row = blockIdx.x;
     const float* src = table + (long long)ids[row] * D;    // V * D may pass 2^31
     float* dst = out + (long long)row * D;
@@ -31,6 +32,7 @@ extern "C" __global__ void embed_rows(const float* table, const int* ids, float*
 
 // out = a + b over n floats (the residual add); out may alias a or b. Grid-stride loop.
 extern "C" __global__ void add_rows(const float* a, const float* b, float* out, int n) {
+    tl_dependent_launch();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = tl_add(a[i], b[i]);
@@ -43,6 +45,7 @@ extern "C" __global__ void add_rows(const float* a, const float* b, float* out, 
 // out = (x * inv) * weight with inv = 1 / sqrt(sum(x^2) / D + eps), as norms.py orders it.
 extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
 rms_norm(const float* x, int x_stride, const float* weight, void* out, int out_half, int T, int D, float eps) {
+    tl_dependent_launch();
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     long long row = (long long)blockIdx.x * D;
@@ -65,6 +68,7 @@ rms_norm(const float* x, int x_stride, const float* weight, void* out, int out_h
 extern "C" __global__ void __launch_bounds__(TL_NORM_THREADS)
 layer_norm(const float* x, int x_stride, const float* weight, const float* bias, int has_bias,
            void* out, int out_half, int T, int D, float eps) {
+    tl_dependent_launch();
     __shared__ float slots[TL_NORM_WARPS + 1];
     const float* xr = x + (long long)blockIdx.x * x_stride;
     long long row = (long long)blockIdx.x * D;
@@ -89,6 +93,7 @@ layer_norm(const float* x, int x_stride, const float* weight, const float* bias,
 // (a c - b d, a d + b c): two products then one add each, never an FMA.
 // One block per token; threads walk the heads * hd/2 pairs.
 extern "C" __global__ void rope_rows(float* x, int x_stride, const float* rotation, int T, int heads, int hd) {
+    tl_dependent_launch();
     int half = hd >> 1;
     float* xr = x + (long long)blockIdx.x * x_stride;
     const float* rot = rotation + (long long)blockIdx.x * hd;
@@ -105,6 +110,7 @@ extern "C" __global__ void rope_rows(float* x, int x_stride, const float* rotati
 // float or (out_half: the down projection's input under fp16 activations) half.
 // Grid-stride over the T * F outputs.
 extern "C" __global__ void swiglu(const float* up, void* out, int out_half, int T, int F) {
+    tl_dependent_launch();
     long long n = (long long)T * F;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
@@ -121,6 +127,7 @@ extern "C" __global__ void swiglu(const float* up, void* out, int out_half, int 
 // e = exp(-2|u|): e is in [0, 1], so nothing overflows; for large |u| e underflows to 0 and
 // tanh is exactly +-1; u = +-inf gives +-1 (as np.tanh), NaN stays NaN.
 extern "C" __global__ void gelu_tanh(const float* x, void* out, int out_half, int n) {
+    tl_dependent_launch();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         tl_store(out, i, tl_gelu_tanh(x[i]), out_half);

@@ -33,10 +33,12 @@ extern __shared__ float kv_smem[];
 
 // One block per (token blockIdx.x, kv head blockIdx.y, side blockIdx.z).
 extern "C" __global__ void kv_write_fp32(KV_FLOAT_ARGS(float)) {
+    tl_dependent_launch();
     const KvRows s = KV_ROWS;
     kv_store_float<float, BlockTeam>(s, blockIdx.x, blockIdx.y, blockIdx.z, key_data, value_data, kv_smem);
 }
 extern "C" __global__ void kv_write_fp16(KV_FLOAT_ARGS(__half)) {
+    tl_dependent_launch();
     const KvRows s = KV_ROWS;
     kv_store_float<__half, BlockTeam>(s, blockIdx.x, blockIdx.y, blockIdx.z, key_data, value_data, kv_smem);
 }
@@ -44,9 +46,9 @@ extern "C" __global__ void kv_write_fp16(KV_FLOAT_ARGS(__half)) {
     const KvRows s = KV_ROWS;                                                                               \
     kv_store_int<BITS, ROTATE, BlockTeam>(s, blockIdx.x, blockIdx.y, blockIdx.z, key_codes, key_scale, key_min, \
                                           value_codes, value_scale, value_min, kv_smem)
-extern "C" __global__ void kv_write_int8(KV_INT_ARGS) { KV_INT_STORE(8, false); }
-extern "C" __global__ void kv_write_int4(KV_INT_ARGS) { KV_INT_STORE(4, false); }
-extern "C" __global__ void kv_write_int4h(KV_INT_ARGS) { KV_INT_STORE(4, true); }
+extern "C" __global__ void kv_write_int8(KV_INT_ARGS) { tl_dependent_launch(); KV_INT_STORE(8, false); }
+extern "C" __global__ void kv_write_int4(KV_INT_ARGS) { tl_dependent_launch(); KV_INT_STORE(4, false); }
+extern "C" __global__ void kv_write_int4h(KV_INT_ARGS) { tl_dependent_launch(); KV_INT_STORE(4, true); }
 
 // Accepted-path row copy, any stored pool array seen as bytes: (n_planes, n_rows, row_bytes)
 // with n_planes = n_kv; source and target are pool rows (every slot's, translated through the
@@ -65,6 +67,7 @@ __device__ __forceinline__ void kv_copy_bytes(unsigned char* dst, const unsigned
 
 extern "C" __global__ void rows_gather(const unsigned char* array, unsigned char* scratch, const int* source,
                                        int n, int n_rows, int row_bytes) {
+    tl_dependent_launch();
     long long plane = blockIdx.y, i = blockIdx.x;
     kv_copy_bytes(scratch + (plane * n + i) * row_bytes,
                   array + (plane * n_rows + source[i]) * row_bytes, row_bytes);
@@ -72,6 +75,7 @@ extern "C" __global__ void rows_gather(const unsigned char* array, unsigned char
 
 extern "C" __global__ void rows_scatter(unsigned char* array, const unsigned char* scratch, const int* target,
                                         int n, int n_rows, int row_bytes) {
+    tl_dependent_launch();
     long long plane = blockIdx.y, i = blockIdx.x;
     kv_copy_bytes(array + (plane * n_rows + target[i]) * row_bytes,
                   scratch + (plane * n + i) * row_bytes, row_bytes);

@@ -511,34 +511,34 @@ __device__ __forceinline__ void linear_bulk(const LinearArgs& a) {
 
 // -- entry points (each declared by name: the CPU harness finds kernels by their declarations) --
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int2(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<2, __half>>(LINEAR_ARGS); }
+linear_rows_int2(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_rows<QuantKind<2, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int2_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<2, float>>(LINEAR_ARGS); }
+linear_rows_int2_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_rows<QuantKind<2, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int4(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<4, __half>>(LINEAR_ARGS); }
+linear_rows_int4(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_rows<QuantKind<4, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int4_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<4, float>>(LINEAR_ARGS); }
+linear_rows_int4_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_rows<QuantKind<4, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int8(LINEAR_PARAMS(__half)) { linear_rows<QuantKind<8, __half>>(LINEAR_ARGS); }
+linear_rows_int8(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_rows<QuantKind<8, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_int8_f32s(LINEAR_PARAMS(float)) { linear_rows<QuantKind<8, float>>(LINEAR_ARGS); }
+linear_rows_int8_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_rows<QuantKind<8, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_f16(LINEAR_PARAMS(float)) { linear_rows<F16Kind>(LINEAR_ARGS); }
+linear_rows_f16(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_rows<F16Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 2)
-linear_rows_f32(LINEAR_PARAMS(float)) { linear_rows<F32Kind>(LINEAR_ARGS); }
+linear_rows_f32(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_rows<F32Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int2(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS); }
+linear_bulk_int2(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_bulk<QuantKind<2, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int2_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<2, float>>(LINEAR_ARGS); }
+linear_bulk_int2_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<QuantKind<2, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int4(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<4, __half>>(LINEAR_ARGS); }
+linear_bulk_int4(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_bulk<QuantKind<4, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int4_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<4, float>>(LINEAR_ARGS); }
+linear_bulk_int4_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<QuantKind<4, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int8(LINEAR_PARAMS(__half)) { linear_bulk<QuantKind<8, __half>>(LINEAR_ARGS); }
+linear_bulk_int8(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_bulk<QuantKind<8, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_int8_f32s(LINEAR_PARAMS(float)) { linear_bulk<QuantKind<8, float>>(LINEAR_ARGS); }
+linear_bulk_int8_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<QuantKind<8, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_f16(LINEAR_PARAMS(float)) { linear_bulk<F16Kind>(LINEAR_ARGS); }
+linear_bulk_f16(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<F16Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
-linear_bulk_f32(LINEAR_PARAMS(float)) { linear_bulk<F32Kind>(LINEAR_ARGS); }
+linear_bulk_f32(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<F32Kind>(LINEAR_ARGS); }

@@ -275,6 +275,7 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
 // (128 registers) ptxas spilled them (cuda/RESOURCES.md, checked in CI).
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3)
 linear_mma_int4(LINEAR_PARAMS(__half), float* partials, unsigned int* counters, int split_k) {
+    tl_dependent_launch();
     __shared__ __align__(16) unsigned int xs[2 * 8 * MMA_XS_PITCH];   // two batches' inputs: 32.1 KiB
     __shared__ int last_flag;
     const LinearArgs a = LINEAR_ARGS;

@@ -86,6 +86,7 @@ __device__ __forceinline__ void linear_tc_tiles(const LinearArgs& a, __half (*xs
 // On a GPU this checks the instruction against the layout the tests write down from the
 // PTX ISA; on the harness, tl_mma_16816's stand-in against the same.
 extern "C" __global__ void mma_16816_lanes(const unsigned int* a, const unsigned int* b, const float* c, float* d) {
+    tl_dependent_launch();
     int lane = threadIdx.x & 31;
     unsigned int af[4] = {a[4 * lane], a[4 * lane + 1], a[4 * lane + 2], a[4 * lane + 3]};
     unsigned int bf[2] = {b[2 * lane], b[2 * lane + 1]};
@@ -105,18 +106,18 @@ __device__ __forceinline__ void linear_tc(const LinearArgs& a) {
 
 // -- entry points (each declared by name: the CPU harness finds kernels by their declarations) --
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int2(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<2, __half>>(LINEAR_ARGS); }
+linear_tc_int2(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_tc<QuantKind<2, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int2_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<2, float>>(LINEAR_ARGS); }
+linear_tc_int2_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_tc<QuantKind<2, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int4(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<4, __half>>(LINEAR_ARGS); }
+linear_tc_int4(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_tc<QuantKind<4, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int4_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<4, float>>(LINEAR_ARGS); }
+linear_tc_int4_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_tc<QuantKind<4, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int8(LINEAR_PARAMS(__half)) { linear_tc<QuantKind<8, __half>>(LINEAR_ARGS); }
+linear_tc_int8(LINEAR_PARAMS(__half)) { tl_dependent_launch(); linear_tc<QuantKind<8, __half>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_int8_f32s(LINEAR_PARAMS(float)) { linear_tc<QuantKind<8, float>>(LINEAR_ARGS); }
+linear_tc_int8_f32s(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_tc<QuantKind<8, float>>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_f16(LINEAR_PARAMS(float)) { linear_tc<F16Kind>(LINEAR_ARGS); }
+linear_tc_f16(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_tc<F16Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256, 4)
-linear_tc_f32(LINEAR_PARAMS(float)) { linear_tc<F32Kind>(LINEAR_ARGS); }
+linear_tc_f32(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_tc<F32Kind>(LINEAR_ARGS); }

@@ -47,6 +47,7 @@ __device__ unsigned long long tl_block_max_key(unsigned long long key, unsigned 
 // logits: (T, V), out_ids: (T,). One block of TL_ROW_THREADS per row.
 extern "C" __global__ void __launch_bounds__(TL_ROW_THREADS)
 argmax_rows(const float* logits, int T, int V, int* out_ids) {
+    tl_dependent_launch();
     __shared__ unsigned long long slots[TL_ROW_THREADS / 32];
     const float* row = logits + (long long)blockIdx.x * V;
     unsigned long long best = 0;                         // below every real key
@@ -63,6 +64,7 @@ argmax_rows(const float* logits, int T, int V, int* out_ids) {
 // Thread-strided partial sums, then a fixed shared-memory tree.
 extern "C" __global__ void __launch_bounds__(TL_ROW_THREADS)
 logsumexp_rows(const float* logits, int T, int V, double* out) {
+    tl_dependent_launch();
     __shared__ unsigned long long slots[TL_ROW_THREADS / 32];
     __shared__ double sums[TL_ROW_THREADS];
     const float* row = logits + (long long)blockIdx.x * V;
@@ -98,6 +100,7 @@ logsumexp_rows(const float* logits, int T, int V, double* out) {
 // 3 id passes (only on ties at the k-th value; V <= 2^24), one gather.
 extern "C" __global__ void __launch_bounds__(TL_TOPK_THREADS)
 top_k_rows(const float* logits, int T, int V, int k, int* out_ids, float* out_values) {
+    tl_dependent_launch();
     __shared__ unsigned hist[256];
     __shared__ unsigned long long picked[TL_TOPK_MAX];
     __shared__ unsigned choice[3];                        // bucket, rank left, bucket count

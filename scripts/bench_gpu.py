@@ -22,6 +22,10 @@ and never brackets a single Python launch (whose host overhead would count as ke
 - **The KV write folded or not** (1k context): the decode step as a graph with the KV write
   inside the qkv linear (the default) and as a launch of its own, side by side on one model,
   their ratio, and whether the two steps' logits are the same bits.
+- **Programmatic dependent launch or not** (1k context, `TINYLOOP_CUDA_PDL`): the decode step
+  as a graph on a second copy of the model whose device launches every kernel with the
+  attribute, beside the plain one, each on a cache of its own filled by the same prompt: their
+  ratio, and whether the two steps' logits are the same bits.
 - **Batches of decode steps as graphs** (graphs.BatchDecodeGraph): B requests at 1k context
   each, B = 1, 2, 4, 8, 16, one graph per batch replayed back to back: microseconds a step,
   aggregate tokens/s, and each against the one-request decode graph (graphs.DecodeGraph) on
@@ -402,6 +406,30 @@ def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dic
     return out
 
 
+def dependent_launch_figures(clock, plain, dependent, loops: int, context: int, replays: int) -> dict:
+    """The decode step replayed as a graph on `plain` (kernels launched plainly) and on `dependent`
+    (the same model file on a device launching with programmatic dependent launch), side by
+    side: each on a cache of its own, filled by the same prompt; the two steps' logits must be
+    the same bits (every kernel waits for the previous grid before it touches memory)."""
+    prompt = [int(t) for t in np.random.default_rng(context).integers(3, plain.config.vocab_size, context)]
+    out, logits = {"context": context}, []
+    for label, model in (("plain", plain), ("dependent", dependent)):
+        backend = model.backend
+        cache = model.new_cache(context + 64, loops)
+        backend.graphs = False
+        token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
+        backend.graphs = True
+        for step in range(2):                       # warm-up, then capture
+            step_logits = model.decode(token, context + step, cache, loops)
+        logits.append(backend.to_host(step_logits))
+        runner = backend.decode_runner(model, cache, loops)
+        out[f"{label}_us"] = clock.replays(runner.replay, replays) * 1e6
+        cache.release()
+    out["dependent_over_plain"] = out["dependent_us"] / out["plain_us"]
+    out["same_bits"] = bool(np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32)))
+    return out
+
+
 def speculative_figures(model, loops: int, n_tokens: int) -> dict:
     prompt = list(range(1, 33))
     out = {}
@@ -444,6 +472,10 @@ def summary_lines(report: dict) -> list[str]:
     if isinstance(fold, dict) and "folded_us" in fold:
         lines.append(f"KV write at 1k: folded into qkv {fold['folded_us']:.0f} us a step, its own launch "
                      f"{fold['apart_us']:.0f} us ({fold['folded_over_apart']:.3f}x), same bits: {fold['same_bits']}")
+    pdl = report.get("dependent_launch_1k", {})
+    if isinstance(pdl, dict) and "plain_us" in pdl:
+        lines.append(f"programmatic dependent launch at 1k: {pdl['dependent_us']:.0f} us a step against "
+                     f"{pdl['plain_us']:.0f} us plain ({pdl['dependent_over_plain']:.3f}x), same bits: {pdl['same_bits']}")
     batch = report.get("batch_decode_1k", {})
     for n, r in batch.items() if isinstance(batch, dict) and "error" not in batch else ():
         if isinstance(r, dict):
@@ -469,6 +501,11 @@ def main() -> int:
         backend = CudaBackend(CupyDevice(), graphs=True)
         report["device"] = backend.device.describe()
         loaded = load_model(Path(tmp) / "doc-int4.tinyloop", backend, kv_mode="fp16")
+        try:                                 # the same file on a device that launches with PDL
+            dependent = load_model(Path(tmp) / "doc-int4.tinyloop",
+                                   CudaBackend(CupyDevice(dependent_launch=True), graphs=True), kv_mode="fp16").model
+        except Exception as error:           # noqa: BLE001 - reported as the stage's error below
+            dependent = error
     model = loaded.model
     clock = EventClock(cp, backend.device)
     layer = model.weights.layers["core"][0]
@@ -484,6 +521,8 @@ def main() -> int:
                                              options=(*compile_options(), *options)),
             clock, args.contexts, calls)),
         ("kv_fold_1k", lambda: kv_fold_figures(clock, model, 8, 1024, replays)),
+        ("dependent_launch_1k", lambda: dependent_launch_figures(clock, model, dependent, 8, 1024, replays)
+         if not isinstance(dependent, Exception) else {"error": f"{type(dependent).__name__}: {dependent}"}),
         ("batch_decode_1k", lambda: batch_figures(clock, model, 8, 1024, (1, 2, 4, 8, 16), replays)),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
     ]

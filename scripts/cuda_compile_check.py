@@ -9,10 +9,16 @@ NVRTC (what CuPy's RawModule uses at run time) is loaded with ctypes from a CUDA
 or the nvidia-cuda-nvrtc-cu12 wheel: it needs no GPU and no driver. nvcc -cubin -Xptxas -v
 gives the resource figures. A compile error, a spill (any bytes of spill stores or
 loads) or a stack frame fails the check (exit 1).
+
+Two checks of programmatic dependent launch (tinyloop/backends/cuda/dependent_launch.py) ride
+along: NVRTC's PTX for compute_90 must hold griddepcontrol.wait and .launch_dependents in every
+entry (ptxas refuses them below sm_90, so the sm_80 compile checks their guard); and a C program compiled against the toolkit's cuda.h must
+find the launch structures at the sizes and offsets the ctypes mirrors use.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import re
 import shutil
 import subprocess
@@ -21,7 +27,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tinyloop.backends.cuda.compile import KERNEL_DIR, NvrtcError, compile_options, nvrtc_compile, nvrtc_library  # noqa: E402
+from tinyloop.backends.cuda.compile import (KERNEL_DIR, NvrtcError, compile_options, header_dirs,  # noqa: E402
+                                            nvrtc_compile, nvrtc_library, nvrtc_ptx)
+from tinyloop.backends.cuda import dependent_launch  # noqa: E402
 
 ARCHES = ("80", "90")
 ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_(\d+)'")
@@ -63,6 +71,82 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def entry_failures(source: Path, library: str) -> list[str]:
+    """Every entry's PTX for compute_90 waits for the previous grid and releases the next. (Below
+    sm_90 the guard in cuda/common.cuh leaves both out: ptxas refuses them there, so the sm_80
+    compile above would fail.)"""
+    failures = []
+    ptx = nvrtc_ptx(source, "90", library)
+    entries = re.findall(r"\.entry\s+(\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S)
+    if not entries:
+        failures.append(f"{source.name} compute_90: no entry found in the PTX")
+    for name, body in entries:
+        for instruction in ("griddepcontrol.wait", "griddepcontrol.launch_dependents"):
+            if instruction not in body:
+                failures.append(f"{source.name} {name} compute_90: {instruction} missing")
+    return failures
+
+
+LAYOUT_PROGRAM = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <cuda.h>
+#define FIELD(T, f) printf("%s.%s %zu\n", #T, #f, offsetof(T, f))
+int main(void) {
+    printf("CUlaunchConfig %zu\nCUlaunchAttribute %zu\nCUlaunchAttributeValue %zu\n",
+           sizeof(CUlaunchConfig), sizeof(CUlaunchAttribute), sizeof(CUlaunchAttributeValue));
+    FIELD(CUlaunchConfig, gridDimX); FIELD(CUlaunchConfig, gridDimY); FIELD(CUlaunchConfig, gridDimZ);
+    FIELD(CUlaunchConfig, blockDimX); FIELD(CUlaunchConfig, blockDimY); FIELD(CUlaunchConfig, blockDimZ);
+    FIELD(CUlaunchConfig, sharedMemBytes); FIELD(CUlaunchConfig, hStream); FIELD(CUlaunchConfig, attrs);
+    FIELD(CUlaunchConfig, numAttrs); FIELD(CUlaunchAttribute, id); FIELD(CUlaunchAttribute, value);
+    FIELD(CUlaunchAttributeValue, programmaticStreamSerializationAllowed);
+    printf("PROGRAMMATIC_STREAM_SERIALIZATION %d\n", (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+"""
+
+
+def launch_layout() -> dict[str, int]:
+    """What the ctypes mirrors say, named as the C program prints it."""
+    d = dependent_launch
+    out = {"CUlaunchConfig": ctypes.sizeof(d.LaunchConfig), "CUlaunchAttribute": ctypes.sizeof(d.LaunchAttribute),
+           "CUlaunchAttributeValue": ctypes.sizeof(d.LaunchAttributeValue),
+           "CUlaunchAttribute.id": d.LaunchAttribute.id.offset,
+           "CUlaunchAttribute.value": d.LaunchAttribute.value.offset,
+           "CUlaunchAttributeValue.programmaticStreamSerializationAllowed":
+               d.LaunchAttributeValue.programmatic_stream_serialization_allowed.offset,
+           "PROGRAMMATIC_STREAM_SERIALIZATION": d.PROGRAMMATIC_STREAM_SERIALIZATION}
+    for name, _type in d.LaunchConfig._fields_:
+        out[f"CUlaunchConfig.{name}"] = getattr(d.LaunchConfig, name).offset
+    return out
+
+
+def layout_failures(required: bool) -> list[str]:
+    """Compile LAYOUT_PROGRAM against the cuda.h beside cuda_fp16.h (a toolkit's, or the
+    nvidia-cuda-runtime wheel's) and compare every figure with launch_layout()."""
+    headers = [d for d in header_dirs() if (d / "cuda.h").is_file()]
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not headers or compiler is None:
+        message = f"launch layout: {'no cuda.h' if not headers else 'no C compiler'} to check against"
+        if required:
+            return [message]
+        print(message)
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "layout.c").write_text(LAYOUT_PROGRAM)
+        build = subprocess.run([compiler, f"-I{headers[0]}", "-o", f"{tmp}/layout", f"{tmp}/layout.c"],
+                               capture_output=True, text=True)
+        if build.returncode:
+            return [f"launch layout: the C program did not compile: {build.stderr.strip()}"]
+        printed = subprocess.run([f"{tmp}/layout"], capture_output=True, text=True, check=True).stdout
+    header = {name: int(value) for name, value in (line.split() for line in printed.splitlines())}
+    ours = launch_layout()
+    wrong = [f"launch layout {k}: cuda.h {header.get(k)}, ctypes {ours.get(k)}"
+             for k in sorted(set(header) | set(ours)) if header.get(k) != ours.get(k)]
+    print(f"launch layout against {headers[0]}/cuda.h: " + ("ok" if not wrong else f"{len(wrong)} differ"))
+    return wrong
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite cuda/RESOURCES.md from the nvcc figures")
@@ -83,6 +167,14 @@ def main() -> int:
                     print(f"nvrtc {source.name} sm_{arch}: ok, cubin {size} bytes" + (f"\n{log}" if log else ""))
                 except NvrtcError as error:
                     failures.append(str(error))
+            try:
+                found = entry_failures(source, library)
+                failures += found
+                print(f"nvrtc {source.name}: programmatic dependent launch in every compute_90 entry: "
+                      + ("ok" if not found else f"{len(found)} wrong"))
+            except NvrtcError as error:
+                failures.append(str(error))
+        failures += layout_failures("nvrtc" in required)
 
     nvcc = shutil.which("nvcc")
     rows = []

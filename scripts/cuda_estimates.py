@@ -131,6 +131,11 @@ ISSUE_PER_SM = 4                       # warp instructions per cycle: 4 schedule
 LATENCY_S = 600e-9                     # one dependent round trip to HBM3 under load
 L2_LATENCY_S = 300e-9                  # one that hits L2 (partials a launch just wrote)
 LAUNCH_GAP_S = 1.0e-6                  # per kernel inside a CUDA graph
+# With programmatic dependent launch (TINYLOOP_CUDA_PDL=1) the next grid's blocks are already on
+# the SMs, waiting in griddepcontrol.wait, when the previous grid ends: what is left of a boundary
+# is that grid's completion becoming visible, taken here as about an L2 round trip. An
+# assumption, to be replaced by scripts/bench_gpu.py's dependent_launch figure.
+PDL_GAP_S = 0.3e-6
 BW_SM = HBM / SMS
 
 
@@ -262,7 +267,7 @@ def attention_shared(s: dict, sass: dict | None) -> int:
 
 
 def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False,
-                 requests: bool = False) -> list[dict]:
+                 requests: bool = False, gap_s: float = LAUNCH_GAP_S) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
     argmax: a few KiB each) count at full bandwidth: their launch is their cost (the KV write's
@@ -329,7 +334,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 extra_s = LATENCY_S                                   # its load of the row, before the store
         if detail:
             fraction = detail["fraction"]
-        seconds = nbytes / (HBM * fraction) + LAUNCH_GAP_S + extra_s
+        seconds = nbytes / (HBM * fraction) + gap_s + extra_s
         out.append({"kernel": name, "bytes": nbytes, "calls": calls, "fraction": fraction, "detail": detail,
                     "us": seconds * 1e6})
     return out
@@ -355,6 +360,10 @@ def latency_table(sass: dict | None = None) -> str:
                   f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", "",
                   f"The same step over 16 rows (a verify, `latency_rows(rows=16)`): {verify:,.0f} us, "
                   f"{verify / total:.2f}x the 1-row step (the target is 1.2x).", ""]
+        pdl = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, gap_s=PDL_GAP_S))
+        lines += [f"With programmatic dependent launch (`TINYLOOP_CUDA_PDL=1`), if a kernel boundary costs "
+                  f"{PDL_GAP_S * 1e6:.1f} us instead of {LAUNCH_GAP_S * 1e6:.1f} (an assumption, `PDL_GAP_S`): "
+                  f"a step {pdl:.0f} us ({1e6 / pdl:,.0f} tok/s).", ""]
         mma_rows = latency_rows(shape, sass, mma=True)
         if any(r["kernel"].startswith("linear_mma") for r in mma_rows):
             mma_total = sum(r["us"] * r["calls"] for r in mma_rows)

@@ -12,8 +12,10 @@
 # 2. Runs on the GPU (TINYLOOP_TEST_DEVICE=cuda): every kernel against its NumPy twin
 #    (tests/test_cuda_*.py), the CUDA backend end to end against the CPU backend and its
 #    exactness (tests/test_cuda_backend.py), under fp16 activations (tests/test_activations.py)
-#    and against every Hugging Face layout's golden logits (tests/test_hf_import.py), then five cases of the reduced exactness suite with the CUDA
-#    backend as the default device (TINYLOOP_DEVICE=cuda).
+#    and against every Hugging Face layout's golden logits (tests/test_hf_import.py), with
+#    programmatic dependent launch against plain launches bit for bit; then five cases of the
+#    reduced exactness suite with the CUDA backend as the default device (TINYLOOP_DEVICE=cuda),
+#    launching with programmatic dependent launch (TINYLOOP_CUDA_PDL=1; ignored below sm_90).
 #    compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a few device tests
 #    of each kernel file (SANITIZE_TESTS below); a machine whose sanitizer refuses the device
 #    (gVisor: "Device not supported") or has none records the stage as unavailable (exit 3).
@@ -80,7 +82,8 @@ stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cache
 # five cases of the reduced exactness set with the CUDA backend as the default device: on an H200 a
 # case took ~23 s (tiny random models, launched from Python), the whole reduced set ~9 minutes; the
 # backend stage above already runs the CUDA backend's own speculation and tree exactness tests
-stage exactness 150 env TINYLOOP_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m exactness \
+# with plain launches, so this one launches with programmatic dependent launch
+stage exactness 150 env TINYLOOP_DEVICE=cuda TINYLOOP_CUDA_PDL=1 python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml" \
     -k "plain_generation[0] or plain_generation[4] or one_branch_tree_is_the_chain or each_path[0] or each_path[18]"
 stage bench 110 python3 scripts/bench_gpu.py --quick --out "$REPORT"

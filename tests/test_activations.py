@@ -110,6 +110,8 @@ def test_a_long_prefill_runs_on_tensor_cores_and_follows_the_cpu(tiny_files, pre
     assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
 
 
+# ~30 s: in the -m slow run (CI runs both); scripts/exactness_matrix.py runs the exactness set under fp16 too
+@pytest.mark.slow
 def test_greedy_speculation_stays_exact_under_fp16(tiny_files):
     """The exactness rule with half linear inputs, on both backends: speculative chains and
     trees give plain generation's tokens (a few cases here; scripts/exactness_matrix.py runs

@@ -128,7 +128,9 @@ def test_logits_follow_the_cpu_backend(tiny_files, preset, mode):
     assert np.array_equal(cuda.argmax(axis=1), cpu.argmax(axis=1))
 
 
-@pytest.mark.parametrize("preset", [pytest.param("tiny-looped", marks=SLOW_ON_THE_HARNESS), "tiny-looped-gpt"])
+# both ~25 s on the harness: the default run's CUDA speculation check is
+# test_replayed_verify_passes_equal_plain_generation (graph-replayed verify passes against plain generation)
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=SLOW_ON_THE_HARNESS) for p in ("tiny-looped", "tiny-looped-gpt")])
 def test_greedy_speculation_equals_plain_generation_on_cuda(tiny_files, preset):
     model = load_model(tiny_files[preset], cuda_backend()).model
     rng = np.random.default_rng(7)
@@ -186,7 +188,7 @@ def test_greedy_speculation_equals_plain_generation_on_tensor_core_rows(tiny_fil
     assert counts.get("linear_mma_int4", 0) > 0, counts      # (short prefills stay on linear_rows_*)
 
 
-@pytest.mark.parametrize("mode", ["fp16", "int4-h"])
+@pytest.mark.parametrize("mode", [pytest.param("fp16", marks=SLOW_ON_THE_HARNESS), "int4-h"])
 def test_the_fused_rope_gives_the_unfused_models_bits(tiny_files, mode):
     """RoPE inside the KV write and attention (fuses_rope, the default) against rope_rows first
     (the attribute off on one backend): the same logits and stored cache bits for a prefill
@@ -460,7 +462,8 @@ def test_a_replayed_graph_brings_its_greedy_ids_along(tiny_files):
     assert launches == 0 and np.array_equal(ids, backend.to_host(last[0].logits).argmax(axis=1))
 
 
-@pytest.mark.parametrize("branches,window", [(1, 0), (2, 0), pytest.param(3, 64, marks=SLOW_ON_THE_HARNESS)])
+@pytest.mark.parametrize("branches,window", [(1, 0), pytest.param(2, 0, marks=SLOW_ON_THE_HARNESS),
+                                             pytest.param(3, 64, marks=SLOW_ON_THE_HARNESS)])
 def test_replayed_draft_levels_equal_the_eager_ones(tiny_files, branches, window):
     """Graph-captured draft levels (graphs.py DraftGraph, one per node count, chain or tree, and
     the round's last level, which only writes the draft coda's rows and has no head): every
@@ -661,6 +664,55 @@ def test_bench_gpu_times_the_decode_step_with_the_kv_write_folded_and_apart(tiny
     assert seen == [True, False]
     assert figures["same_bits"] is True and figures["folded_over_apart"] == 0.5
     assert backend.fuses_kv_write is True
+
+
+def test_bench_gpu_times_the_decode_step_with_dependent_launch_and_without(tiny_files):
+    """scripts/bench_gpu.py's dependent_launch stage times the decode graph of two copies of one
+    model (on a GPU: one device launching plainly, one with programmatic dependent launch) side by
+    side, and compares their steps' bits; a copy that computes other bits is reported as such."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    models = [load_model(tiny_files[p], cuda_backend(graphs=True)).model for p in ("tiny-looped", "tiny-looped")]
+
+    class Clock:
+        def __init__(self):
+            self.replayed = []
+
+        def replays(self, replay, n):
+            self.replayed.append(replay)
+            return 3e-6 if len(self.replayed) == 1 else 2e-6
+    clock = Clock()
+    figures = bench_gpu.dependent_launch_figures(clock, *models, 2, 70, 1)
+    assert len(set(map(id, clock.replayed))) == 2
+    assert figures["same_bits"] is True and figures["dependent_over_plain"] == pytest.approx(2 / 3)
+    other = load_model(tiny_files["tiny-looped-gpt"], cuda_backend(graphs=True)).model
+    assert bench_gpu.dependent_launch_figures(Clock(), models[0], other, 2, 70, 1)["same_bits"] is False
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU: programmatic dependent launch overlaps grids only on a device")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_dependent_launch_gives_the_plain_launches_bits(tiny_files, graphs):
+    """TINYLOOP_CUDA_PDL's launches (every kernel through cuLaunchKernelEx with programmatic
+    stream serialization) give the plain launches' bits: decode steps eager or replayed as graphs,
+    then a 5-row forward after them, across the 256-key mark."""
+    from tinyloop.backends.cuda.device import CupyDevice
+    devices = [CupyDevice(dependent_launch=False), CupyDevice(dependent_launch=True)]
+    if not devices[1].dependent_launch:
+        pytest.skip("needs an sm_90 GPU: programmatic dependent launch starts there")
+    models = [load_model(tiny_files["tiny-looped"], CudaBackend(d, graphs), kv_mode="fp16").model for d in devices]
+    loops, prompt = 2, [int(t) for t in np.random.default_rng(9).integers(3, 500, 250)]
+    caches = [m.new_cache(400, loops) for m in models]
+    seen = [[], []]
+    for i, (model, cache) in enumerate(zip(models, caches)):
+        seen[i].append(model.backend.to_host(prefill(model, prompt, cache, loops)))
+        token = 11
+        for position in range(len(prompt), len(prompt) + 12):
+            seen[i].append(model.backend.to_host(model.decode(token, position, cache, loops)))
+            token = int(np.argmax(seen[i][-1][-1]))
+        rows = list(range(position + 1, position + 6))                 # right after the decoded ones
+        seen[i].append(model.backend.to_host(model.forward([3, 4, 5, 6, 7], rows, cache, loops)))
+    for ours, theirs in zip(*seen):
+        assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
 def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_files):

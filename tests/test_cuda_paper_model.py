@@ -130,3 +130,14 @@ def test_bench_gpu_sums_each_kernels_time_between_events():
                                                                     ("a", [2, 1, 1], 1)]
     assert [round(r["total_us"], 6) for r in rows] == [20.0, 15.0, 1.0]
     assert rows[1]["mean_us"] == pytest.approx(7.5) and sum(r["share"] for r in rows) == pytest.approx(1.0)
+
+
+def test_dependent_launch_takes_its_gap_at_every_launch_and_nothing_else():
+    """The PDL line of the paper model: each kernel's time with PDL_GAP_S in place of LAUNCH_GAP_S,
+    the rest of the step unchanged."""
+    for shape in cuda_estimates.SHAPES.values():
+        plain = cuda_estimates.latency_rows(shape)
+        dependent = cuda_estimates.latency_rows(shape, gap_s=cuda_estimates.PDL_GAP_S)
+        assert [r["kernel"] for r in plain] == [r["kernel"] for r in dependent]
+        for a, b in zip(plain, dependent):
+            assert a["us"] - b["us"] == pytest.approx((cuda_estimates.LAUNCH_GAP_S - cuda_estimates.PDL_GAP_S) * 1e6)

@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import fuzz_api  # noqa: E402
 
 
+# ~40 s: in the -m slow run (CI runs both, and scripts/fuzz_api.py --requests 10000 besides)
+@pytest.mark.slow
 def test_a_thousand_generated_requests_find_nothing():
     report, problems = fuzz_api.run(1000, seed=0, quiet=True)
     assert report.requests >= 1000

@@ -216,7 +216,9 @@ def test_ouro_refuses_loops_beyond_what_it_was_trained_for(converted):
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("layout", ("ouro", "huginn", "retrofit", "retrofit_llama3"))
+# huginn and retrofit_llama3 (~10 s each) run with -m slow and in scripts/exactness_matrix.py
+@pytest.mark.parametrize("layout", ("ouro", pytest.param("huginn", marks=pytest.mark.slow), "retrofit",
+                                    pytest.param("retrofit_llama3", marks=pytest.mark.slow)))
 def test_speculative_and_tree_equal_plain_greedy(converted, layout):
     model = load_model(converted[layout], "cpu").model
     rng = np.random.default_rng(13)

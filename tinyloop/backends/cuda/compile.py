@@ -65,13 +65,34 @@ class NvrtcError(RuntimeError):
 
 def nvrtc_compile(source_path: Path, arch: str, library: str) -> tuple[int, str]:
     """Compile one .cu for sm_<arch> -> (cubin size in bytes, log). NvrtcError with the log on failure."""
+    def cubin_size(lib, program, check):
+        size = ctypes.c_size_t()
+        check(lib.nvrtcGetCUBINSize(program, ctypes.byref(size)), "cubin size")
+        return size.value
+    return _nvrtc(source_path, f"sm_{arch}", library, cubin_size)
+
+
+def nvrtc_ptx(source_path: Path, arch: str, library: str) -> str:
+    """Compile one .cu for the virtual compute_<arch> -> its PTX text (what the compile check
+    reads to see which instructions a guarded inline asm left in every entry)."""
+    def ptx_text(lib, program, check):
+        size = ctypes.c_size_t()
+        check(lib.nvrtcGetPTXSize(program, ctypes.byref(size)), "PTX size")
+        text = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetPTX(program, text), "PTX")
+        return text.value.decode()
+    return _nvrtc(source_path, f"compute_{arch}", library, ptx_text)[0]
+
+
+def _nvrtc(source_path: Path, target: str, library: str, fetch) -> tuple:
+    """Compile for -arch=target; -> (fetch(lib, program, check), log)."""
     lib = ctypes.CDLL(library)
     program = ctypes.c_void_p()
     source = Path(source_path).read_bytes()
     check = _checker(lib)
     check(lib.nvrtcCreateProgram(ctypes.byref(program), source, str(source_path).encode(), 0, None, None), "create")
     try:
-        options = [*compile_options(), f"-arch=sm_{arch}", "--device-as-default-execution-space"]
+        options = [*compile_options(), f"-arch={target}", "--device-as-default-execution-space"]
         array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         status = lib.nvrtcCompileProgram(program, len(options), array)
         size = ctypes.c_size_t()
@@ -80,10 +101,8 @@ def nvrtc_compile(source_path: Path, arch: str, library: str) -> tuple[int, str]
         lib.nvrtcGetProgramLog(program, log)
         text = log.value.decode(errors="replace").strip()
         if status != 0:
-            raise NvrtcError(f"{source_path.name} sm_{arch}: {_error_string(lib, status)}\n{text}")
-        cubin = ctypes.c_size_t()
-        check(lib.nvrtcGetCUBINSize(program, ctypes.byref(cubin)), "cubin size")
-        return cubin.value, text
+            raise NvrtcError(f"{source_path.name} {target}: {_error_string(lib, status)}\n{text}")
+        return fetch(lib, program, check), text
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
 

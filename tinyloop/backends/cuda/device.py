@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.cuda.compile import compile_options, kernel_path
+from tinyloop.backends.cuda.dependent_launch import (MIN_COMPUTE_CAPABILITY, DependentModule, cupy_stream_ptr,
+                                                     dependent_launch_enabled, driver_launcher)
 from tinyloop.backends.cuda.launch.linear import ROWS_BLOCKS_PER_SM
 
 ARENA_BYTES = 256 << 20      # a captured step's arena when its warm-up was not measured (doc-407m decode: ~10 MiB)
@@ -38,15 +40,24 @@ class CupyDevice:
     """The GPU: CuPy arrays, RawModules compiled with NVRTC from cuda/*.cu."""
     name = "cuda"
 
-    def __init__(self):
+    def __init__(self, dependent_launch: bool | None = None):
         import cupy
         self.xp = cupy
         self._modules = {}
         self._stream = None
+        # programmatic dependent launch (dependent_launch.py): asked for (TINYLOOP_CUDA_PDL=1) and
+        # an sm_90 or later device; below sm_90 the request is reported by describe() and ignored
+        asked = dependent_launch_enabled() if dependent_launch is None else dependent_launch
+        self.dependent_launch_asked = asked
+        self.dependent_launch = asked and int(cupy.cuda.Device().compute_capability) >= MIN_COMPUTE_CAPABILITY
+        self._launcher = driver_launcher() if self.dependent_launch else None
 
     def module(self, name: str):
         if name not in self._modules:
-            self._modules[name] = self.xp.RawModule(code=kernel_path(name).read_text(), options=compile_options())
+            module = self.xp.RawModule(code=kernel_path(name).read_text(), options=compile_options())
+            if self._launcher is not None:
+                module = DependentModule(module, self._launcher, lambda: cupy_stream_ptr(self.xp))
+            self._modules[name] = module
         return self._modules[name]
 
     @property
@@ -156,8 +167,11 @@ class CupyDevice:
         props = runtime.getDeviceProperties(index)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         version = runtime.runtimeGetVersion()
+        launch = ("programmatic dependent launch" if self.dependent_launch else
+                  f"TINYLOOP_CUDA_PDL=1 ignored below sm_{MIN_COMPUTE_CAPABILITY}" if self.dependent_launch_asked
+                  else "plain launches")
         return (f"{name} (sm_{props['major']}{props['minor']}, {props['totalGlobalMem'] / 2**30:.0f} GiB), "
-                f"CuPy {self.xp.__version__}, CUDA runtime {version // 1000}.{version % 1000 // 10}")
+                f"CuPy {self.xp.__version__}, CUDA runtime {version // 1000}.{version % 1000 // 10}, {launch}")
 
 
 class Arena:
