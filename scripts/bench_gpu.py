@@ -379,6 +379,27 @@ def batch_figures(clock, model, loops: int, context: int, sizes, replays: int) -
     return out
 
 
+def replayed_decode_step(clock, model, prompt: list[int], loops: int, replays: int) -> tuple[float, np.ndarray]:
+    """On a cache of its own filled by `prompt`: the decode step captured as a graph (a warm-up,
+    then the capture) and replayed back to back. -> (us a replay, the captured step's logits on
+    the host), for the side-by-side stages below that compare two ways of running one step."""
+    backend, context = model.backend, len(prompt)
+    cache = model.new_cache(context + 64, loops)
+    backend.graphs = False
+    token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
+    backend.graphs = True
+    for step in range(2):                       # warm-up, then capture
+        step_logits = model.decode(token, context + step, cache, loops)
+    logits = backend.to_host(step_logits)
+    seconds = clock.replays(backend.decode_runner(model, cache, loops).replay, replays)
+    cache.release()
+    return seconds * 1e6, logits
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
+
+
 def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dict:
     """The decode step replayed as a graph with the KV write folded into the qkv linear (the
     default) and as a launch of its own, side by side on one model at `context` tokens: each on a
@@ -389,20 +410,13 @@ def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dic
     try:
         for folded in (True, False):
             backend.fuses_kv_write = folded
-            cache = model.new_cache(context + 64, loops)
-            backend.graphs = False
-            token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
-            backend.graphs = True
-            for step in range(2):                       # warm-up, then capture
-                step_logits = model.decode(token, context + step, cache, loops)
-            logits.append(backend.to_host(step_logits))
-            runner = backend.decode_runner(model, cache, loops)
-            out["folded_us" if folded else "apart_us"] = clock.replays(runner.replay, replays) * 1e6
-            cache.release()
+            us, step_logits = replayed_decode_step(clock, model, prompt, loops, replays)
+            out["folded_us" if folded else "apart_us"] = us
+            logits.append(step_logits)
     finally:
         backend.fuses_kv_write = True
     out["folded_over_apart"] = out["folded_us"] / out["apart_us"]
-    out["same_bits"] = bool(np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32)))
+    out["same_bits"] = same_bits(*logits)
     return out
 
 
@@ -414,19 +428,10 @@ def dependent_launch_figures(clock, plain, dependent, loops: int, context: int, 
     prompt = [int(t) for t in np.random.default_rng(context).integers(3, plain.config.vocab_size, context)]
     out, logits = {"context": context}, []
     for label, model in (("plain", plain), ("dependent", dependent)):
-        backend = model.backend
-        cache = model.new_cache(context + 64, loops)
-        backend.graphs = False
-        token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
-        backend.graphs = True
-        for step in range(2):                       # warm-up, then capture
-            step_logits = model.decode(token, context + step, cache, loops)
-        logits.append(backend.to_host(step_logits))
-        runner = backend.decode_runner(model, cache, loops)
-        out[f"{label}_us"] = clock.replays(runner.replay, replays) * 1e6
-        cache.release()
+        out[f"{label}_us"], step_logits = replayed_decode_step(clock, model, prompt, loops, replays)
+        logits.append(step_logits)
     out["dependent_over_plain"] = out["dependent_us"] / out["plain_us"]
-    out["same_bits"] = bool(np.array_equal(logits[0].view(np.uint32), logits[1].view(np.uint32)))
+    out["same_bits"] = same_bits(*logits)
     return out
 
 
