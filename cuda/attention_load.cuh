@@ -86,16 +86,24 @@ template <int MODE> __device__ __forceinline__ constexpr int att_piece_elements(
 }
 
 // Element e of a loaded piece, dequantized (an int mode's piece lies in one group: its
-// scale s and min m): att_load's value for the same element, bit for bit.
+// scale s and min m): att_load's value for the same element, bit for bit. e is a constant once
+// the caller's loop is unrolled, so an int code is decoded in place as the linear kernels do it
+// (common.cuh code_at: a LOP3 and one or two float instructions, no shift and no I2F per code);
+// code_at gives (float)code exactly, so the product and sum are att_load's.
 template <int MODE>
 __device__ __forceinline__ float att_piece_element(const TlWords4& raw, int e, float s, float m) {
     if (MODE == ATT_FP32) return __uint_as_float(raw.w[e]);
     if (MODE == ATT_FP16)
         return __half2float(__ushort_as_half((unsigned short)(raw.w[e >> 1] >> ((e & 1) * 16))));
-    int code;
-    if (MODE == ATT_INT8) code = (raw.w[e >> 2] >> ((e & 3) * 8)) & 255;
-    else code = (raw.w[e >> 3] >> ((e & 7) * 4)) & 15;          // byte e / 2, low nibble first
-    return tl_add(tl_mul((float)code, s), m);
+    float code;
+    if (MODE == ATT_INT8) {
+        const unsigned int word = raw.w[e >> 2];
+        code = code_at<8>(word, word >> 16, (e & 3) * 8);
+    } else {
+        const unsigned int word = raw.w[e >> 3];                   // byte e / 2, low nibble first
+        code = code_at<4>(word, word >> 16, (e & 7) * 4);
+    }
+    return tl_add(tl_mul(code, s), m);
 }
 
 // The 16-byte pieces of block b's visible rows, both sides, into their tiles (att_stage). TAIL:
@@ -108,6 +116,10 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
     constexpr int PE = att_piece_elements<MODE>(), BATCH = att_batch<MODE>();
     const int row_bytes = att_row_bytes<MODE>(hd), pieces = row_bytes / 16, per_side = TL_BLOCK * pieces;
     const int gsize = (hd % 32 == 0) ? 32 : hd, groups = hd / gsize;
+    // a piece's row j = rest / pieces by a high multiply, magic = ceil(2^32 / pieces) (exact while
+    // rest x pieces < 2^32: rest < 64 pieces here; linear_kinds.cuh group_magic argues it), not
+    // an integer division by a launch's value (some 20 instructions a piece, twice: both loops)
+    const unsigned magic = pieces > 1 ? 0xffffffffu / (unsigned)pieces + 1u : 0u;
     // sides: ATT_KEYS, ATT_VALUES or both; pieces [p_begin, p_end) of the 2 per_side (keys first)
     const int p_begin = sides & ATT_KEYS ? 0 : per_side, p_end = sides & ATT_VALUES ? 2 * per_side : per_side;
     for (int p0 = p_begin + threadIdx.x; p0 < p_end; p0 += BATCH * blockDim.x) {
@@ -115,7 +127,8 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
         __half sc[BATCH], mn[BATCH];       // widened where they are used: a widening here would wait for its load
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {                        // the loads of the batch
-            const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
+            const int p = p0 + i * blockDim.x, rest = p < per_side ? p : p - per_side;   // p < 2 per_side
+            const int j = pieces > 1 ? (int)__umulhi((unsigned)rest, magic) : rest, k = rest - j * pieces;
             if (p < p_end && geo.visible(b * TL_BLOCK + j)) {
                 // the side's pointers chosen by value: a reference to either struct would put both on the stack
                 const bool key = p < per_side;
@@ -123,7 +136,9 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
                 const unsigned char* data = (const unsigned char*)(key ? keys.data : values.data);
                 raw[i] = ((const TlWords4*)(data + row * row_bytes))[k];   // sass: attention-stage
                 if (MODE == ATT_INT8 || MODE == ATT_INT4) {
-                    const long long gi = row * groups + k * PE / gsize;
+                    // the piece's group: k PE / gsize without a division (gsize is 32, or hd when
+                    // hd is not a multiple of 32, and then every piece lies in group 0)
+                    const long long gi = row * groups + (gsize == 32 ? (k * PE) >> 5 : 0);
                     sc[i] = (key ? keys.scale : values.scale)[gi];
                     mn[i] = (key ? keys.min : values.min)[gi];
                 }
@@ -131,7 +146,8 @@ __device__ __forceinline__ void att_stage_pieces(const KVSide& keys, const KVSid
         }
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {                        // then their conversion
-            const int p = p0 + i * blockDim.x, rest = p % per_side, j = rest / pieces, k = rest % pieces;
+            const int p = p0 + i * blockDim.x, rest = p < per_side ? p : p - per_side;   // p < 2 per_side
+            const int j = pieces > 1 ? (int)__umulhi((unsigned)rest, magic) : rest, k = rest - j * pieces;
             if (p < p_end && geo.visible(b * TL_BLOCK + j)) {
                 float* out = (p < per_side ? ktile : vtile) + j * stride + k * PE;
                 const bool coded = MODE == ATT_INT8 || MODE == ATT_INT4;

@@ -54,39 +54,6 @@ __device__ __forceinline__ unsigned group_magic(int group_size) {
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
 
-// (a & mask) | c in one LOP3: nvcc splits it in two where mask and c are both constants (an
-// instruction takes one immediate), so c goes in as a register operand of the PTX lop3.
-__device__ __forceinline__ unsigned int and_or(unsigned int a, unsigned int mask, unsigned int c) {
-#ifdef __CUDA_ARCH__
-    unsigned int d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));   // 0xEA: (a & b) | c
-    return d;
-#else
-    return (a & mask) | c;
-#endif
-}
-
-// The code of BITS bits at bit `pos` of a word, as a float (pos is a constant once unrolled).
-// No integer-to-float conversion (I2FP: 16 a clock per SM on sm_90, an eighth of the FP32
-// rate) and no shift per code: the code is masked in place into the mantissa of 2^23
-// (code 2^k < 2^23 for k = pos, or k = pos - 16 in `high`, the word shifted down 16 once),
-// which gives the float 2^23 + code 2^k exactly; code = that 2^-k - 2^(23-k), exact (every
-// step is exact: power-of-two scaling, and a difference that is representable).
-// The same value as (float)((word >> pos) & mask), bit for bit.
-template <int BITS>
-__device__ __forceinline__ float code_at(unsigned int word, unsigned int high, int pos) {
-    const unsigned int mask = (1u << BITS) - 1u;
-    const bool low = pos + BITS <= 23;
-    const int k = low ? pos : pos - 16;
-    const unsigned int bits = and_or((low ? word : high), mask << k, 0x4B000000u);   // 2^23 + code 2^k
-    // int4: one FFMA (its two constants a pair of registers per k, 5 pairs); int2 and int8
-    // subtract 2^23 first, then scale: an instruction more where k > 0, but one constant a k,
-    // which keeps their rows kernels within 128 registers (the FFMA form spills them on sm_90)
-    if (BITS == 4) return __fmaf_rn(__uint_as_float(bits), 1.0f / (float)(1u << k), -(float)(1u << (23 - k)));
-    const float scaled = tl_add(__uint_as_float(bits), -8388608.0f);                  // code 2^k
-    return k == 0 ? scaled : tl_mul(scaled, 1.0f / (float)(1u << k));
-}
-
 // S: the stored type of scale and min (__half or float)
 template <int BITS, class S>
 struct QuantKind {

@@ -31,8 +31,11 @@ import sass_loops  # noqa: E402  (scripts/sass_loops.py)
 
 from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa: E402
 from tinyloop.backends.cuda.launch import linear as linear_launch  # noqa: E402
+from tinyloop.kv.modes import packed_bytes_per_row  # noqa: E402
 HBM = 4.8e12
 CONTEXT = 1024
+LONG_CONTEXT = 4096                    # issue 27's attention target: at most 20 % of a step here
+ATTENTION_SHARE_TARGET = 0.20
 CHUNK_KEYS = 64 * attention_launch.CHUNK_BLOCKS      # keys a pass-1 attention block sums (cuda/attention.cu)
 
 SHAPES = {
@@ -58,19 +61,26 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
 QKV_FOLDED = "linear_rows qkv (+ the KV write, RoPE of the keys)"
 
 
-def step_rows(s: dict, fused_norm: bool = True) -> list[tuple[str, int, int]]:
-    """(kernel, bytes per call, calls per token) of one decode step. fused_norm (the default
-    path; not with TINYLOOP_CUDA_MMA_ROWS): each pre-norm and the final norm ride on the linear
-    after them (qkv, up, head), which read the residual row h instead of the norm's output, and
-    the KV write rides on the qkv linear."""
+# The attention kernel that reads each KV cache mode (launch/attention.py).
+ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4": "attention_int4",
+                     "int4-h": "attention_int4h", "fp32": "attention_fp32"}
+
+
+def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
+              kv_mode: str = "fp16") -> list[tuple[str, int, int]]:
+    """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
+    `kv_mode` cache. fused_norm (the default path; not with TINYLOOP_CUDA_MMA_ROWS): each
+    pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
+    residual row h instead of the norm's output, and the KV write rides on the qkv linear."""
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
-    chunk_partials = s["heads"] * (hd + 2) * (CONTEXT // CHUNK_KEYS) * 4       # written by pass 1, read by the merge
+    chunk_partials = s["heads"] * (hd + 2) * (context // CHUNK_KEYS) * 4       # written by pass 1, read by the merge
+    stored_row = packed_bytes_per_row(kv_mode, s["kv"], hd)   # one token's keys and values as the cache holds them
     # RoPE is fused: the KV write rotates the keys (and writes them back), attention the
     # queries as it loads them; each reads the rotation row. The KV write itself rides on the
     # qkv linear where the norm does (the rows kernels: the warps that finish a head store it)
-    kv_write = 2 * kv * 4 + 2 * kv * 2 + 4 + kv * 4 + hd * 4
+    kv_write = 2 * kv * 4 + stored_row + 4 + kv * 4 + hd * 4
     qkv = packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"])
     rows = [
         ("embed_rows", 2 * d * 4, 1),
@@ -78,8 +88,8 @@ def step_rows(s: dict, fused_norm: bool = True) -> list[tuple[str, int, int]]:
         *([(QKV_FOLDED, qkv + kv_write, n)] if fused_norm else
           [("linear_rows qkv", qkv, n), ("kv_write_fp16 (+ RoPE of the keys)", kv_write, n)]),
         # CHUNK_KEYS-key chunks; the last chunk block of each kv head merges (partials written and read)
-        (f"attention_fp16 (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
-         2 * CONTEXT * kv * 2 + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
+        (f"{ATTENTION_KERNELS[kv_mode]} (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
+         context * stored_row + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         # GELU is fused into the up projection's epilogue (one launch fewer); SwiGLU pairs two
@@ -267,7 +277,8 @@ def attention_shared(s: dict, sass: dict | None) -> int:
 
 
 def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False,
-                 requests: bool = False, gap_s: float = LAUNCH_GAP_S) -> list[dict]:
+                 requests: bool = False, gap_s: float = LAUNCH_GAP_S, context: int = CONTEXT,
+                 kv_mode: str = "fp16") -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
     argmax: a few KiB each) count at full bandwidth: their launch is their cost (the KV write's
@@ -279,9 +290,9 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     after the first, counted likewise): both pessimistic where L2 serves faster than HBM.
 
     mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once.
-    requests: the rows are `rows` requests' decode steps, each at CONTEXT tokens of its own cache
+    requests: the rows are `rows` requests' decode steps, each at `context` tokens of its own cache
     (a batch graph, backends/cuda/batch.py): attention reads every row's keys and values, one
-    query a block."""
+    query a block. kv_mode: the cache's mode, read by its own attention kernel (its own hot loop)."""
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
@@ -291,9 +302,8 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                     "linear_rows head": s["vocab"]}
     linear_in = {"linear_rows qkv": d, QKV_FOLDED: d, "linear_rows out (+ residual)": q, "linear_rows up": d,
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
-    att_blocks = s["kv"] * (CONTEXT // CHUNK_KEYS) * rows
     out = []
-    for name, nbytes, calls in step_rows(s, fused_norm=not mma):
+    for name, nbytes, calls in step_rows(s, fused_norm=not mma, context=context, kv_mode=kv_mode):
         fraction, detail, extra_s = 1.0, None, 0.0
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         call = mma_call(linear_in[name], linear_warps[name], rows, sass) \
@@ -313,21 +323,22 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 # after its last column a warp fences and counts (an atomic's round trip); the
                 # warp completing a head then loads its row (another) and stores it
                 extra_s = 2 * LATENCY_S
-        elif name.startswith("attention_fp16"):
-            loop = hot_loop("attention_fp16", 1, sass)
+        elif name.startswith("attention_"):
+            kernel = name.split()[0]
+            loop = hot_loop(kernel, 1, sass)
             shares = queries_share_blocks() and not requests
-            blocks_launched = s["kv"] * (CONTEXT // CHUNK_KEYS) * (1 if shares else rows)
+            blocks_launched = s["kv"] * (context // CHUNK_KEYS) * (1 if shares else rows)
             if loop:
-                detail = expected_fraction(loop, resident_warps("attention_fp16", 128, attention_shared(s, sass)),
+                detail = expected_fraction(loop, resident_warps(kernel, 128, attention_shared(s, sass)),
                                            blocks_launched * 4)
             nbytes *= 1 if shares else rows
             # the sums: a multiply and an add per (query, head, key, d) for the scores and again
             # for the values, a thread each; over the SMs the launch's blocks occupy
-            sums = rows * s["heads"] * CONTEXT * s["hd"] * 4 / 32
+            sums = rows * s["heads"] * context * s["hd"] * 4 / 32
             issue_s = sums / (ISSUE_PER_SM * SM_CLOCK_HZ * min(SMS, blocks_launched))
             if detail and issue_s > nbytes / (HBM * detail["fraction"]):
                 detail = {**detail, "fraction": nbytes / (HBM * issue_s), "bound": "sums"}
-            extra_s = merge_tail_s(CONTEXT // CHUNK_KEYS, sass)
+            extra_s = merge_tail_s(context // CHUNK_KEYS, sass)
         elif name != "linear_rows head" and name != "argmax_rows":
             nbytes *= rows                                            # per-row activations
             if name.startswith("kv_write"):
@@ -390,6 +401,43 @@ def latency_table(sass: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def attention_share(s: dict, sass: dict | None = None, context: int = CONTEXT,
+                    kv_mode: str = "fp16") -> dict:
+    """Attention's part of the latency-aware 1-row step at `context` tokens of a `kv_mode` cache:
+    {attention_us, step_us, share} (per token: every layer instance's call)."""
+    rows = latency_rows(s, sass, context=context, kv_mode=kv_mode)
+    step = sum(r["us"] * r["calls"] for r in rows)
+    attention = sum(r["us"] * r["calls"] for r in rows if r["kernel"].startswith("attention_"))
+    return {"attention_us": attention, "step_us": step, "share": attention / step}
+
+
+def attention_byte_share(s: dict, context: int = CONTEXT, kv_mode: str = "fp16") -> float:
+    """Attention's share of the step's bytes: its share of the time if every kernel streamed at
+    4.8 TB/s with no launch gaps, the floor no kernel work can take it under."""
+    rows = step_rows(s, context=context, kv_mode=kv_mode)
+    return (sum(b * c for k, b, c in rows if k.startswith("attention_")) / sum(b * c for _, b, c in rows))
+
+
+def long_context_table(sass: dict | None = None) -> str:
+    """Attention's share of the step at CONTEXT and LONG_CONTEXT tokens, per KV cache mode."""
+    lines = [f"Attention at {LONG_CONTEXT:,} tokens of context (the target: at most "
+             f"{ATTENTION_SHARE_TARGET:.0%} of a step), the latency-aware 1-row step with each KV cache mode "
+             "read by its own kernel and hot loop (int4-h's rotations of the query and the output not "
+             "counted). The bytes' share is attention's part of the step's bytes: its share were every "
+             "kernel at 4.8 TB/s with no launch gaps, so no kernel work takes it lower.", ""]
+    for name, shape in SHAPES.items():
+        lines += [f"**{name}**", "", f"| KV cache | attention at {CONTEXT:,} (us / token) | share | "
+                  f"attention at {LONG_CONTEXT:,} (us / token) | share | bytes' share | step at {LONG_CONTEXT:,} |",
+                  "|---|---|---|---|---|---|---|"]
+        for mode in ("fp16", "int8", "int4", "int4-h"):
+            near, far = (attention_share(shape, sass, context, mode) for context in (CONTEXT, LONG_CONTEXT))
+            lines.append(f"| {mode} | {near['attention_us']:.0f} | {near['share']:.0%} | {far['attention_us']:.0f} | "
+                         f"{far['share']:.0%} | {attention_byte_share(shape, LONG_CONTEXT, mode):.0%} | "
+                         f"{far['step_us']:.0f} us ({1e6 / far['step_us']:,.0f} tok/s) |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
              "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h)); "
@@ -405,7 +453,7 @@ def tables() -> str:
             total_bytes, total_calls = total_bytes + nbytes * calls, total_calls + calls
         lines += [f"| **step** | {total_bytes:,} | | {total_calls} launches | {total_bytes / HBM * 1e6:.0f} "
                   f"(bound: {HBM / total_bytes:,.0f} tok/s) |", ""]
-    lines += [latency_table(), ""]
+    lines += [latency_table(), "", long_context_table(), ""]
     found = resources()
     if found:
         lines += ["Occupancy on an H200 SM from the sm_90 ptxas figures (cuda/RESOURCES.md) at the "

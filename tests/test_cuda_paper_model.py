@@ -141,3 +141,45 @@ def test_dependent_launch_takes_its_gap_at_every_launch_and_nothing_else():
         assert [r["kernel"] for r in plain] == [r["kernel"] for r in dependent]
         for a, b in zip(plain, dependent):
             assert a["us"] - b["us"] == pytest.approx((cuda_estimates.LAUNCH_GAP_S - cuda_estimates.PDL_GAP_S) * 1e6)
+
+
+def test_attention_reads_each_kv_modes_stored_rows_at_the_context():
+    """Attention's bytes at 1,024 and 4,096 tokens differ by 3,072 stored rows of the mode's
+    layout (worked by hand for doc-407m, 16 kv heads of 128, both sides: fp16 2 B an element;
+    int8 1 B and int4 half a byte, plus a half scale and min per group of 32) and the chunk
+    partials of 48 more 64-key chunks (16 heads x (128 + 2) floats, written and read); each
+    mode is read by its own kernel, whose hot loop the latency model takes."""
+    doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
+    stored_row = {"fp16": 2 * 16 * 128 * 2, "int8": 2 * 16 * (128 + 4 * 4), "int4": 2 * 16 * (64 + 4 * 4)}
+    kernel = {"fp16": "attention_fp16", "int8": "attention_int8", "int4": "attention_int4"}
+    partials = 2 * 16 * 130 * 4 * (4096 - 1024) // 64
+    for mode, row in stored_row.items():
+        near, far = ([r for r in cuda_estimates.step_rows(doc, context=c, kv_mode=mode) if r[0].startswith("attention")]
+                     for c in (1024, 4096))
+        assert len(near) == len(far) == 1 and near[0][0].split()[0] == kernel[mode]
+        assert far[0][1] - near[0][1] == 3072 * row + partials
+        timed = [r for r in cuda_estimates.latency_rows(doc, context=4096, kv_mode=mode)
+                 if r["kernel"].startswith("attention")][0]
+        loop = cuda_estimates.hot_loop(kernel[mode])
+        assert loop is not None and timed["detail"]["issue"] == pytest.approx(
+            cuda_estimates.expected_fraction(loop, 1, 1)["issue"])
+
+
+def test_attention_share_is_its_part_of_the_same_step():
+    """attention_share: attention's rows of the latency-aware step over the whole step, at the
+    context and mode asked; attention_byte_share the same with bytes (no latency, no gaps)."""
+    doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
+    rows = cuda_estimates.latency_rows(doc, context=4096, kv_mode="int8")
+    figures = cuda_estimates.attention_share(doc, context=4096, kv_mode="int8")
+    step = sum(r["us"] * r["calls"] for r in rows)
+    attention = [r["us"] * r["calls"] for r in rows if r["kernel"].startswith("attention")]
+    assert figures["step_us"] == pytest.approx(step) and figures["attention_us"] == pytest.approx(attention[0])
+    assert figures["share"] == pytest.approx(attention[0] / step)
+    by_bytes = cuda_estimates.step_rows(doc, context=4096, kv_mode="int8")
+    total = sum(b * c for _, b, c in by_bytes)
+    assert cuda_estimates.attention_byte_share(doc, 4096, "int8") == pytest.approx(
+        [b * c for k, b, c in by_bytes if k.startswith("attention")][0] / total)
+    # more context, a larger share; a smaller stored row, a smaller one
+    assert (cuda_estimates.attention_byte_share(doc, 1024, "fp16") < cuda_estimates.attention_byte_share(doc, 4096, "fp16"))
+    assert (cuda_estimates.attention_byte_share(doc, 4096, "int4") < cuda_estimates.attention_byte_share(doc, 4096, "int8")
+            < cuda_estimates.attention_byte_share(doc, 4096, "fp16"))
