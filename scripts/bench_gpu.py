@@ -19,6 +19,9 @@ and never brackets a single Python launch (whose host overhead would count as ke
   spin kernel with an event after every launch, so each kernel's time is the gap between
   two events on a busy stream, summed by kernel and grid. The table's sum against the
   replayed step is what launches cost inside a graph.
+- **Quantized KV caches** (the longest context, 4k by default): the same model file with int8
+  and with int4 caches, the captured decode step replayed and one eager step's kernels, so
+  attention's share of a step (the target: at most 20 % at 4k) is read per cache mode.
 - **The KV write folded or not** (1k context): the decode step as a graph with the KV write
   inside the qkv linear (the default) and as a launch of its own, side by side on one model,
   their ratio, and whether the two steps' logits are the same bits.
@@ -287,7 +290,15 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     figures["forward_16_rows_graph_us"] = steps[16] * 1e6
     figures["verify16_over_decode"] = steps[16] / steps[1]
 
-    # one eager step's kernels, each timed between events on a busy stream
+    figures.update(eager_step_figures(cp, clock, model, cache, token, position, loops))
+    return figures
+
+
+def eager_step_figures(cp, clock, model, cache, token: int, position: int, loops: int) -> dict:
+    """One eager decode step's kernels, each timed between events on a busy stream: their sum,
+    the launches, the largest rows, the time by kernel and attention's share of the sum."""
+    backend = model.backend
+    figures = {}
     inputs = StepInputs.allocate(backend.xp)
     row = int(cache.geometry.physical(position + 30))
     cache.ensure_rows(position + 30, 1)
@@ -309,6 +320,26 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     figures["attention_share"] = sum(v for k, v in by_kernel.items() if k.startswith("attention")) / \
         max(figures["kernels_sum_us"], 1e-9)
     backend.graphs = True
+    return figures
+
+
+def kv_mode_figures(cp, clock, model, loops: int, context: int, replays: int) -> dict:
+    """The decode step at `context` tokens of the model's own KV cache mode (load it with the
+    mode to measure): the captured step replayed back to back, and one eager step's kernels with
+    attention's share (cuda/README.md's "Attention at 4,096 tokens" table gives the paper's)."""
+    backend = model.backend
+    rng = np.random.default_rng(context)
+    prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, context)]
+    cache = model.new_cache(context + 64, loops)
+    backend.graphs = False
+    token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
+    backend.graphs = True
+    for step in range(2):                                   # warm-up, then capture
+        model.decode(token, context + step, cache, loops)
+    runner = backend.decode_runner(model, cache, loops)
+    figures = {"context": context, "kv_mode": cache.mode,
+               "decode_graph_us": clock.replays(runner.replay, replays) * 1e6}
+    figures.update(eager_step_figures(cp, clock, model, cache, token, context, loops))
     return figures
 
 
@@ -451,6 +482,9 @@ def speculative_figures(model, loops: int, n_tokens: int) -> dict:
     return out
 
 
+KV_MODES_TIMED = ("int8", "int4")      # beside the fp16 cache of the contexts stage
+
+
 def summary_lines(report: dict) -> list[str]:
     """The figures a reader wants first, one line each."""
     lines = []
@@ -473,6 +507,11 @@ def summary_lines(report: dict) -> list[str]:
                      f"({c['decode_tokens_per_s']:.0f} tok/s; wall {c['decode_wall_us']:.0f} us), "
                      f"16 rows / 1 row {c['verify16_over_decode']:.2f}, {c['launches']} launches, "
                      f"kernels sum {c['kernels_sum_us']:.0f} us, attention {c['attention_share']:.0%}")
+    for key, modes in report.items():
+        if key.startswith("kv_modes_") and isinstance(modes, dict) and "error" not in modes:
+            for mode, m in modes.items():
+                lines.append(f"{mode} KV cache at {m['context']}: decode {m['decode_graph_us']:.0f} us/token as a "
+                             f"graph, attention {m['attention_share']:.0%} of the kernels' {m['kernels_sum_us']:.0f} us")
     fold = report.get("kv_fold_1k", {})
     if isinstance(fold, dict) and "folded_us" in fold:
         lines.append(f"KV write at 1k: folded into qkv {fold['folded_us']:.0f} us a step, its own launch "
@@ -511,6 +550,9 @@ def main() -> int:
                                    CudaBackend(CupyDevice(dependent_launch=True), graphs=True), kv_mode="fp16").model
         except Exception as error:           # noqa: BLE001 - reported as the stage's error below
             dependent = error
+        # the same file with quantized KV caches, for attention at the longest context by cache mode
+        quantized_kv = {mode: load_model(Path(tmp) / "doc-int4.tinyloop", backend, kv_mode=mode).model
+                        for mode in KV_MODES_TIMED}
     model = loaded.model
     clock = EventClock(cp, backend.device)
     layer = model.weights.layers["core"][0]
@@ -528,6 +570,8 @@ def main() -> int:
         ("kv_fold_1k", lambda: kv_fold_figures(clock, model, 8, 1024, replays)),
         ("dependent_launch_1k", lambda: dependent_launch_figures(clock, model, dependent, 8, 1024, replays)
          if not isinstance(dependent, Exception) else {"error": f"{type(dependent).__name__}: {dependent}"}),
+        (f"kv_modes_{max(args.contexts)}", lambda: {
+            mode: kv_mode_figures(cp, clock, m, 8, max(args.contexts), replays) for mode, m in quantized_kv.items()}),
         ("batch_decode_1k", lambda: batch_figures(clock, model, 8, 1024, (1, 2, 4, 8, 16), replays)),
         ("speculative_loops_8", lambda: speculative_figures(model, 8, 32 if args.quick else 64)),
     ]

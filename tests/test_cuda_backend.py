@@ -689,6 +689,41 @@ def test_bench_gpu_times_the_decode_step_with_dependent_launch_and_without(tiny_
     assert bench_gpu.dependent_launch_figures(Clock(), models[0], other, 2, 70, 1)["same_bits"] is False
 
 
+def test_bench_gpu_times_a_quantized_kv_caches_step_and_attentions_share(tiny_files):
+    """scripts/bench_gpu.py's kv_modes stage: the decode graph of a model loaded with an int4 KV
+    cache replayed, and one eager step of it run through the per-kernel table, attention's share
+    being the attention kernels' time over the sum (a stub clock: 1 of 4 us)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    model = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True), kv_mode="int4").model
+    stepped = []
+
+    class Clock:
+        def replays(self, replay, n):
+            return 2e-6
+
+        def kernel_table(self, backend, step):
+            stepped.append(backend.to_host(step()))
+            return [{"kernel": "linear_rows_int4", "grid": [4, 1, 1], "calls": 6, "total_us": 3.0},
+                    {"kernel": "attention_int4", "grid": [1, 2, 2], "calls": 2, "total_us": 1.0}]
+
+    class Cupy:                                  # what the stage asks of CuPy: a device sync
+        class cuda:
+            class Device:
+                def synchronize(self):
+                    pass
+    figures = bench_gpu.kv_mode_figures(Cupy, Clock(), model, 2, 70, 1)
+    assert figures["kv_mode"] == "int4" and figures["decode_graph_us"] == pytest.approx(2.0)
+    assert figures["attention_share"] == pytest.approx(0.25) and figures["launches"] == 8
+    assert len(stepped) == 1 and np.all(np.isfinite(stepped[0]))
+    assert model.backend.graphs is True                     # left as the engine runs
+    # the contexts stage takes its eager table the same way, after its replays
+    plain = load_model(tiny_files["tiny-looped"], cuda_backend(graphs=True)).model
+    figures = bench_gpu.context_figures(Cupy, Clock(), plain, 2, 70, 1, 1)
+    assert figures["attention_share"] == pytest.approx(0.25) and figures["verify16_over_decode"] == 1.0
+    assert len(stepped) == 2 and plain.backend.graphs is True
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU: programmatic dependent launch overlaps grids only on a device")
 @pytest.mark.parametrize("graphs", [False, True])
 def test_dependent_launch_gives_the_plain_launches_bits(tiny_files, graphs):
