@@ -138,6 +138,13 @@ __device__ __forceinline__ float tl_gelu_tanh(float v) {
     return tl_mul(tl_mul(0.5f, v), tl_add(1.0f, t));
 }
 
+// SwiGLU of one gate value g and up value u: silu(g) u, silu(g) = g / (1 + exp(-g)), in this
+// order (twins/elementwise.py swiglu). The swiglu kernel (elementwise.cu) and the down
+// projection's folded staging (linear.cu LIN_STAGE_SWIGLU) both call this: the same bits.
+__device__ __forceinline__ float tl_swiglu(float g, float u) {
+    return tl_mul(tl_div(g, tl_add(1.0f, tl_exp(-g))), u);
+}
+
 // Sum over the 32 lanes of a warp in a fixed butterfly (xor 16, 8, 4, 2, 1): every lane
 // gets the same bits (IEEE addition commutes), whatever the order lanes arrive in.
 __device__ __forceinline__ float tl_warp_sum(float v) {

@@ -116,9 +116,7 @@ extern "C" __global__ void swiglu(const float* up, void* out, int out_half, int 
          i += (long long)gridDim.x * blockDim.x) {
         long long row = i / F;
         int col = (int)(i - row * F);
-        float g = up[row * 2 * F + col];
-        float silu = tl_div(g, tl_add(1.0f, tl_exp(-g)));
-        tl_store(out, i, tl_mul(silu, up[row * 2 * F + F + col]), out_half);
+        tl_store(out, i, tl_swiglu(up[row * 2 * F + col], up[row * 2 * F + F + col]), out_half);
     }
 }
 

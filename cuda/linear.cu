@@ -45,7 +45,9 @@
 // word's group comes from a high multiply (linear_kinds.cuh group_magic), not a division.
 // A launch may carry the pre-norm (a.norm, launch/linear.py NormFold): x is then the residual
 // stream h, each chunk's rows get their statistics from norm.cuh (the norm kernels' code) and
-// are staged as norm(h): the bits of the norm launch followed by this one.
+// are staged as norm(h): the bits of the norm launch followed by this one. Or (a.norm ==
+// LIN_STAGE_SWIGLU) the SwiGLU before a down projection: x is the up projection's output and the
+// rows are staged as swiglu(x): the bits of the swiglu launch followed by this one.
 // Launch: block (256,), grid (ceil(n_out / 8), ceil(n_rows / rows_per_block)).
 //
 // linear_bulk_*: prefill, any number of rows, not row-invariant. A 64-row x 64-column
@@ -113,13 +115,31 @@ __device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, N
     }
 }
 
+// a.norm's value for the SwiGLU fold (launch/linear.py NormFold kind "swiglu"): no norm and no
+// statistics; x is the up projection's float32 output (T, 2 in) = [gate | up], and the input
+// feeding column j is tl_swiglu(gate j, up j), the swiglu kernel's value: one launch fewer a layer.
+#define LIN_STAGE_SWIGLU 8
+
+// Whether a kind's rows kernels take the SwiGLU fold: not the float32-scale kinds, whose rows
+// kernels have no registers left for it (the exp and divide of the staging, with the first batch
+// of weights in flight, spill on sm_90); their launcher keeps the swiglu launch
+// (launch/linear.py swiglu_fold_supported).
+template <class Kind> struct TakesSwiglu { static const bool value = true; };
+template <int BITS> struct TakesSwiglu<QuantKind<BITS, float>> { static const bool value = false; };
+
 // The input feeding stored column j of row t under the fused norm: the norm kernel's output
-// element (rounded to half and widened back where that output would be half), 0 for padding.
+// element, or under the SwiGLU fold the swiglu kernel's (either rounded to half and widened
+// back where that output would be half), 0 for padding.
+// GATE: the kernel takes the SwiGLU fold at all (TakesSwiglu).
+template <bool GATE>
 __device__ __forceinline__ float normed_input(const LinearArgs& a, int t, int j, const NormStats& st) {
     int source = j < a.stored_in ? (TL_HAS_PERM(a) ? a.perm[j] : j) : a.in_features;
     if (source >= a.in_features) return 0.0f;
-    float x = static_cast<const float*>(a.x)[(long long)t * a.x_stride + source];
-    float v = norm_apply(a.norm, x, st, a.norm_weight[source], a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias[source] : 0.0f);
+    const float* xr = static_cast<const float*>(a.x) + (long long)t * a.x_stride;
+    float v = GATE && a.norm == LIN_STAGE_SWIGLU
+        ? tl_swiglu(xr[source], xr[a.in_features + source])
+        : norm_apply(a.norm, xr[source], st, a.norm_weight[source],
+                     a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias[source] : 0.0f);
     return a.norm_half ? __half2float(__float2half_rn(v)) : v;
 }
 
@@ -127,7 +147,7 @@ __device__ __forceinline__ float normed_input(const LinearArgs& a, int t, int j,
 // sums never read past them), into xs (layout above, TW words a row), normalized on the way
 // where the norm is fused (st: the rows' statistics). Consecutive threads read consecutive
 // stored columns of a row (coalesced where there is no permutation).
-template <int CPW, int R, int TW, class X>
+template <int CPW, int R, int TW, class X, bool GATE>
 __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int col0, int words, float* xs,
                                            const NormStats* st) {
     const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
@@ -137,7 +157,7 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
         int r = i / cols, col = i % cols;
         int word = col / CPW, slot = col % CPW;
         xs[((r * PARTS + slot / VEC) * TW + word) * VEC + slot % VEC] =
-            a.norm ? normed_input(a, row0 + r, col0 + col, st[r]) : stored_input<X>(a, row0 + r, col0 + col);
+            a.norm ? normed_input<GATE>(a, row0 + r, col0 + col, st[r]) : stored_input<X>(a, row0 + r, col0 + col);
     }
 }
 
@@ -313,9 +333,9 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     // a column's pointers are found again at each load (a few instructions a batch), not kept:
     // the registers go to the batches in flight
     if (any) load_batch<Kind, B, !EVEN, EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
-    if (a.norm) rows_norm_stats<R>(a, row0, st, slots);
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
-    stage_rows<CPW, R, TW, X>(a, row0, 0, W, xs, st);
+    stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, 0, W, xs, st);
     __syncthreads();
     if (!any) return;
 
@@ -366,7 +386,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
     const int B = rows_batch(R);
     const int STEP = 32 * B;                // words a batch covers
     const unsigned magic = group_magic(a.group_size);
-    if (a.norm) rows_norm_stats<R>(a, row0, st, slots);     // read after the first tile's barrier
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);   // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
     for (int c0 = blockIdx.x * LIN_WARPS; c0 < a.n_out; c0 += gridDim.x * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
@@ -382,7 +402,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
             typename Kind::Params params[B], next_params[B];
             load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
             __syncthreads();                // the previous tile's readers are done with xs
-            stage_rows<CPW, R, TW, X>(a, row0, tile * CPW, end - tile, xs, st);
+            stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, tile * CPW, end - tile, xs, st);
             __syncthreads();
             int base = tile;
             // whole batches while the next one is whole too: no clamps, no checks

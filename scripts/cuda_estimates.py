@@ -59,6 +59,7 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
 
 
 QKV_FOLDED = "linear_rows qkv (+ the KV write, RoPE of the keys)"
+DOWN_SWIGLU = "linear_rows down (+ SwiGLU, residual)"
 
 
 # The attention kernel that reads each KV cache mode (launch/attention.py).
@@ -71,7 +72,10 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
     `kv_mode` cache. fused_norm (the default path; not with TINYLOOP_CUDA_MMA_ROWS): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
-    residual row h instead of the norm's output, and the KV write rides on the qkv linear."""
+    residual row h instead of the norm's output, the KV write rides on the qkv linear, and a
+    SwiGLU on the down projection after it, which stages swiglu(up) from the up projection's
+    2 ffn outputs (the staging's exp and divide per input are not counted: about 6 a thread
+    for SmolLM2's 1,536 inputs over a block's 256 threads)."""
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
@@ -93,11 +97,14 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
         # the residual add is fused into the out and down projections' epilogue: h read there
         ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         # GELU is fused into the up projection's epilogue (one launch fewer); SwiGLU pairs two
-        # columns that different warps compute, so it stays a kernel of its own
+        # columns that different warps compute, so it rides on the down projection's staging
+        # instead (which then reads both: ffn floats more), or is a kernel of its own
         ("linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
          packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
-        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" else []),
-        ("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n),
+        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not fused_norm else []),
+        *([(DOWN_SWIGLU, packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + ffn * 4 + d * 4, n)]
+          if s["mlp"] == "swiglu" and fused_norm else
+          [("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n)]),
         ("linear_rows head", packed_linear_bytes(d, s["vocab"], s["head_bits"], False), 1),
         ("argmax_rows", s["vocab"] * 4 + 4, 1),
     ]
@@ -298,10 +305,11 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     kind = f"int{s['core_bits']}"
     linear_warps = {"linear_rows qkv": q + 2 * kv, QKV_FOLDED: q + 2 * kv, "linear_rows out (+ residual)": d,
                     "linear_rows up": up_out,
-                    "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d,
+                    "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d, DOWN_SWIGLU: d,
                     "linear_rows head": s["vocab"]}
     linear_in = {"linear_rows qkv": d, QKV_FOLDED: d, "linear_rows out (+ residual)": q, "linear_rows up": d,
-                 "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, "linear_rows head": d}
+                 "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, DOWN_SWIGLU: ffn,
+                 "linear_rows head": d}
     out = []
     for name, nbytes, calls in step_rows(s, fused_norm=not mma, context=context, kv_mode=kv_mode):
         fraction, detail, extra_s = 1.0, None, 0.0
@@ -440,8 +448,9 @@ def long_context_table(sass: dict | None = None) -> str:
 
 def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
-             "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h)); "
-             "with `TINYLOOP_CUDA_MMA_ROWS=1` they are launches of their own again.", ""]
+             "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h)), and "
+             "a SwiGLU on the down projection (which stages swiglu(up)); with `TINYLOOP_CUDA_MMA_ROWS=1` "
+             "they are launches of their own again.", ""]
     for name, shape in SHAPES.items():
         rows = step_rows(shape)
         lines += [f"**{name}**", "", "| kernel | bytes / call | us / call at 4.8 TB/s | calls / token | "

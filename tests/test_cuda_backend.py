@@ -821,6 +821,37 @@ def test_the_fused_norm_gives_the_unfused_models_bits(tiny_files, preset, activa
 
 
 @pytest.mark.exactness
+@pytest.mark.parametrize("preset,activations,graphs", [("tiny-looped", "fp32", False), ("tiny-looped int4", "fp16", True)])
+def test_the_fused_swiglu_gives_the_unfused_models_bits(tiny_files, preset, activations, graphs):
+    """SwiGLU inside the exact down projection (fuses_swiglu, the default: the rows kernels stage
+    swiglu(up)) against the swiglu kernel then the linear (the attribute off on one backend): the
+    same logits bit for bit for a prefill (bulk: the swiglu keeps its launch), three decode steps
+    and a 5-row verify-shaped forward, float and half activations, eager and as captured graphs.
+    A fused decode step launches no swiglu at all."""
+    results, decode_swiglus = [], []
+    for fused in (True, False):
+        backend = cuda_backend(activations=activations, graphs=graphs)
+        backend.fuses_swiglu = fused
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files[preset], backend).model
+        assert model.config.mlp == "swiglu"
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
+        cache = model.new_cache(len(prompt) + 12, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        before = counts.get("swiglu", 0)
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
+        decode_swiglus.append(counts.get("swiglu", 0) - before)
+        start = len(prompt) + 3
+        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
+        results.append(np.concatenate(rows))
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    assert decode_swiglus[0] == 0 and decode_swiglus[1] > 0, decode_swiglus
+
+
+@pytest.mark.exactness
 @pytest.mark.parametrize("preset,mode,graphs", [("tiny-looped", "fp16", False), ("tiny-looped-gpt", "int4-h", False),
                                                 ("tiny-looped int4", "int8", True), ("tiny-looped-gpt", "fp32", True)])
 def test_the_folded_kv_write_gives_the_unfolded_models_bits(tiny_files, preset, mode, graphs):

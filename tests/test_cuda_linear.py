@@ -655,3 +655,69 @@ def test_a_fused_norm_is_refused_where_it_cannot_run():
         call = dict(x=np.ones((1, 64), np.float32), exact=True, norm=fold) | change
         with pytest.raises(ValueError, match=message):
             launch.linear(None, call["x"], packed, out, call["exact"], norm=call["norm"])
+
+
+# -- the SwiGLU fused into the down projection's staging -----------------------------------------
+def swiglu_linear_call(device, parts, bias, up, half, cap=None, fused=True, residual=None):
+    """up (T, 2 in) float32 = [gate | up] through SwiGLU then the linear on the device: fused (one
+    rows launch that stages swiglu(up)) or as two launches (the swiglu kernel, its output half
+    where `half`, then the linear). -> (T, out) host float32."""
+    from tinyloop.backends.cuda.launch import elementwise
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
+    up_dev = device.asarray(up)
+    res = None if residual is None else device.asarray(residual)
+    out = device.zeros((up.shape[0], packed.out_features), np.float32)
+    if fused:
+        launch.linear(device.module("linear"), up_dev, packed, out, True, column_block_cap=cap, residual=res,
+                      norm=launch.NormFold("swiglu", None, None, 0.0, half))
+    else:
+        x = device.zeros((up.shape[0], up.shape[1] // 2), np.float16 if half else np.float32)
+        elementwise.swiglu(device.module("elementwise"), up_dev, x)
+        launch.linear(device.module("linear"), x, packed, out, True, column_block_cap=cap, residual=res)
+    return device.to_host(out)
+
+
+@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 1100, None), (3, 80, None)])
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("kind", ["int4", "int8", "f16"])
+def test_a_fused_swiglu_gives_the_bits_of_the_swiglu_launch_then_the_linear(kernel_device, kind, half, rows, n_in,
+                                                                            cap):
+    """The rows kernels staging swiglu(up) from the up projection's [gate | up] output (as float
+    or rounded to half) give the bits of the swiglu kernel then the linear, and the twins' (the
+    swiglu twin, half where half, then the linear twin): decode rows on the resident path (capped
+    grid too), 2 rows, an 8-row chunk over two tiles then a 1-row chunk, act-order weights; with
+    the residual add in the same launch."""
+    from tinyloop.backends.reference.twins import elementwise as twin_elementwise
+    rng = np.random.default_rng(rows * 1000 + n_in + 7)
+    parts = [weight_part(kind, rng, 21, n_in, group=32, act_order=kind.startswith("int"))]
+    bias = rng.standard_normal(21).astype(np.float32)
+    up = (rng.standard_normal((rows, 2 * n_in)) * 3).astype(np.float32)
+    residual = rng.standard_normal((rows, 21)).astype(np.float32)
+    fused = swiglu_linear_call(kernel_device, parts, bias, up, half, cap, residual=residual)
+    apart = swiglu_linear_call(kernel_device, parts, bias, up, half, cap, fused=False, residual=residual)
+    assert_bits_equal(fused, apart)
+    gated = twin_elementwise.swiglu(up, n_in)
+    if half:
+        gated = gated.astype(np.float16).astype(np.float32)
+    plain = swiglu_linear_call(kernel_device, parts, bias, up, half, cap)
+    assert_bits_equal(plain, twin_rows(parts, bias, gated))
+
+
+def test_a_fused_swiglu_is_refused_where_it_cannot_run():
+    """The SwiGLU fold takes [gate | up], twice the linear's inputs, on an exact rows call of
+    half-scale or float weights, and no norm weight or bias: anything else is a clear error (the
+    backend keeps the swiglu launch for float32-scale weights)."""
+    rng = np.random.default_rng(4)
+    packed = pack_linear([weight_part("int4", rng, 8, 64)], None, np, keep_f16=True)
+    out = np.zeros((1, 8), np.float32)
+    fold = launch.NormFold("swiglu", None, None, 0.0)
+    cases = [(dict(x=np.ones((1, 64), np.float32)), r"\(T, 128\) \(\[gate \| up\]\)"),
+             (dict(exact=False), "rows kernels only"),
+             (dict(norm=launch.NormFold("swiglu", np.ones(64, np.float32), None, 0.0)), "no norm weight"),
+             (dict(packed=pack_linear([weight_part("int4", rng, 8, 64, scale_dtype=np.float32)], None, np,
+                                      keep_f16=True)), "float32-scale")]
+    for change, message in cases:
+        call = dict(x=np.ones((1, 128), np.float32), exact=True, norm=fold, packed=packed) | change
+        with pytest.raises(ValueError, match=message):
+            launch.linear(None, call["x"], call["packed"], out, call["exact"], norm=call["norm"])
+    assert launch.swiglu_fold_supported(packed) and not launch.swiglu_fold_supported(cases[-1][0]["packed"])

@@ -183,3 +183,17 @@ def test_attention_share_is_its_part_of_the_same_step():
     assert (cuda_estimates.attention_byte_share(doc, 1024, "fp16") < cuda_estimates.attention_byte_share(doc, 4096, "fp16"))
     assert (cuda_estimates.attention_byte_share(doc, 4096, "int4") < cuda_estimates.attention_byte_share(doc, 4096, "int8")
             < cuda_estimates.attention_byte_share(doc, 4096, "fp16"))
+
+
+def test_a_swiglu_models_step_stages_the_gate_in_the_down_projection():
+    """SmolLM2's fused step (the rows kernels) has no swiglu launch: its down projection reads the
+    up projection's 2 x 1,536 outputs instead of the swiglu kernel's 1,536 (6,144 bytes more,
+    worked by hand), 30 launches fewer; with the tensor-core rows (no fold) the launch stays."""
+    smol = cuda_estimates.SHAPES["SmolLM2-135M"]
+    fused = {k: (b, c) for k, b, c in cuda_estimates.step_rows(smol)}
+    apart = {k: (b, c) for k, b, c in cuda_estimates.step_rows(smol, fused_norm=False)}
+    assert "swiglu" not in fused and apart["swiglu"][1] == 30
+    assert fused[cuda_estimates.DOWN_SWIGLU][0] - apart["linear_rows down (+ residual)"][0] == 1536 * 4
+    assert sum(c for b, c in fused.values()) == 153
+    doc = {k for k, _, _ in cuda_estimates.step_rows(cuda_estimates.SHAPES["doc-407m (8 loops)"])}
+    assert "linear_rows down (+ residual)" in doc and cuda_estimates.DOWN_SWIGLU not in doc   # GELU: nothing to stage

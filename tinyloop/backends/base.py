@@ -57,6 +57,9 @@ class Backend(abc.ABC):
     # norm_linear(kv=...): the CUDA rows kernels store each row once its columns are summed: one
     # launch fewer per layer); else the model calls kv_write after the linear
     fuses_kv_write: bool = False
+    # the SwiGLU inside the exact down projection that reads it (swiglu_linear: the CUDA rows
+    # kernels stage swiglu(up): one launch fewer per layer); else swiglu, then the linear
+    fuses_swiglu: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -137,6 +140,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def gelu(self, x):
         """GELU, tanh approximation; linear_input_dtype (the down projection's input)."""
+
+    def swiglu_linear(self, up, ffn_dim: int, weight, exact: bool, residual=None):
+        """linear(swiglu(up, ffn_dim), weight, exact, residual): the down projection of a SwiGLU
+        MLP, the bits of the two calls. Backends with fuses_swiglu do it in one launch for exact
+        calls."""
+        return self.linear(self.swiglu(up, ffn_dim), weight, exact, residual=residual)
 
     def linear_gelu(self, x, weight, exact: bool):
         """gelu(linear(x, weight, exact)), the bits of the two calls: a GPU backend fuses the

@@ -156,6 +156,8 @@ class LoopedTransformer:
 
         if c.mlp == "swiglu":
             up = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up")   # (T, 2 ffn)
+            if self._fuses_swiglu_call(rows, capture):      # h + down(swiglu(up)) in one launch
+                return b.swiglu_linear(up, c.ffn_dim, weights.down, True, residual=h)
             act = b.swiglu(up, c.ffn_dim)
         else:                                                                  # GELU in the linear's call
             act = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up", gelu=True)
@@ -193,6 +195,13 @@ class LoopedTransformer:
         """Whether norm_linear_rows makes one fused backend call for these rows."""
         groups = rows.linear_groups(self.backend.bulk_is_exact)
         return self.backend.fuses_norm and not capture and len(groups) == 1 and groups[0][0]
+
+    def _fuses_swiglu_call(self, rows: Rows, capture=None) -> bool:
+        """Whether the down projection takes the SwiGLU inside one exact call (fuses_swiglu), its
+        residual add with it: no sandwich norm after it, no capture of its input (the quantizer)."""
+        groups = rows.linear_groups(self.backend.bulk_is_exact)
+        return (self.backend.fuses_swiglu and not capture and len(groups) == 1 and groups[0][0]
+                and self.config.post_norm not in ("branch", "sum"))
 
     def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",
                          gelu: bool = False, kv=None):

@@ -76,6 +76,7 @@ class CudaBackend(Backend):
     fuses_rope = True        # kv_write rotates the keys, attention the queries: no rope_rows launch
     fuses_norm = True        # an exact linear's rows kernels stage norm(h): no norm launch before it
     fuses_kv_write = True    # the qkv rows kernels store the keys and values: no kv_write launch
+    fuses_swiglu = True      # an exact down projection's rows kernels stage swiglu(up): no swiglu launch
     # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
     # compute idle (it is bound by reading the weights), so rows of other requests ride along
     # nearly free. On an H200 (doc-407m, 1k context) 16 requests in one batch graph gave 4.3x one's
@@ -355,6 +356,16 @@ class CudaBackend(Backend):
         up = self.xp.ascontiguousarray(up)
         return elementwise.swiglu(self._module("elementwise"), up,
                                   self._empty((up.shape[0], ffn_dim), self.linear_input_dtype))
+
+    def swiglu_linear(self, up, ffn_dim, weight, exact, residual=None):
+        if not (exact and self.fuses_swiglu and linear.swiglu_fold_supported(weight)) or self.mma_rows:
+            # the bulk and tensor-core kernels take no fold, nor the float32-scale rows kernels
+            return super().swiglu_linear(up, ffn_dim, weight, exact, residual)
+        if up.shape[1] != 2 * ffn_dim or weight.in_features != ffn_dim:
+            raise ValueError(f"swiglu_linear: up must be (T, {2 * ffn_dim}) for a linear of {ffn_dim} inputs, "
+                             f"got {up.shape} and {weight.in_features}")
+        fold = linear.NormFold("swiglu", None, None, 0.0, self.linear_input_dtype == np.float16)
+        return self.linear(up, weight, exact, residual=residual, norm=fold)   # cuda/linear.cu LIN_STAGE_SWIGLU
 
     def linear_gelu(self, x, weight, exact: bool):
         return self.linear(x, weight, exact, activation="gelu")          # fused: cuda/linear_kinds.cuh

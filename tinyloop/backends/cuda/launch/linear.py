@@ -49,7 +49,8 @@ MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split
                                # split's reduction costs two round trips, fewer warps less in flight)
 
 
-NORM_KINDS = {"rms": 1, "layer": 2}    # cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias)
+# cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias); cuda/linear.cu LIN_STAGE_SWIGLU
+NORM_KINDS = {"rms": 1, "layer": 2, "swiglu": 8}
 
 
 @dataclass
@@ -58,7 +59,13 @@ class NormFold:
     residual stream h, and the kernel stages norm(h), the rms_norm / layer_norm kernels' own
     arithmetic (cuda/norm.cuh), rounded to half and back where `half` (the norm's output would
     be half: fp16 activations): the bits of the norm launch followed by this linear, one launch
-    fewer. weight, bias: (in,) float32 on the device (bias None: none, or RMS)."""
+    fewer. weight, bias: (in,) float32 on the device (bias None: none, or RMS).
+
+    kind "swiglu" (weight and bias None, eps unused): the SwiGLU before a down projection
+    instead of a norm. x is then the up projection's float32 output (T, 2 in) = [gate | up],
+    and the kernel stages silu(gate) * up with the swiglu kernel's arithmetic (cuda/common.cuh
+    tl_swiglu), rounded to half and back where `half`: the bits of the swiglu launch followed
+    by this one."""
     kind: str
     weight: object
     bias: object
@@ -120,24 +127,32 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     blocks the device holds at once, ROWS_BLOCKS_PER_SM an SM): each warp then sums several
     columns back to back with the next one's weights in flight, and the block stages its
     inputs once for all of them. It changes no bit: which warp sums a column never does.
-    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream).
+    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream, or
+    with kind "swiglu" the up projection's (T, 2 in) output).
     kv: a KvFold (exact calls on the rows kernels only, a float32 out, no activation): the KV
     write of the keys and values among out's columns, done by the warps that finish them (the
     bits of kv.kv_write after this call, one launch fewer)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
-    if x.ndim != 2 or x.shape[1] != packed.in_features:
-        raise ValueError(f"x must have shape (T, {packed.in_features}), got {x.shape}")
+    if norm is not None and norm.kind not in NORM_KINDS:
+        raise ValueError(f"norm kind must be one of {sorted(NORM_KINDS)}, got {norm.kind!r}")
+    gated = norm is not None and norm.kind == "swiglu"      # x: [gate | up], twice the inputs
+    x_width = 2 * packed.in_features if gated else packed.in_features
+    if x.ndim != 2 or x.shape[1] != x_width:
+        raise ValueError(f"x must have shape (T, {x_width}){' ([gate | up])' if gated else ''}, got {x.shape}")
     n_rows = x.shape[0]
     if norm is not None:
-        if norm.kind not in NORM_KINDS:
-            raise ValueError(f"norm kind must be one of {sorted(NORM_KINDS)}, got {norm.kind!r}")
         if not exact or mma is not None or x.dtype != np.float32:
             raise ValueError("a fused norm runs on the rows kernels only: an exact call, no tensor-core "
                              "rows, a float32 x (the residual stream)")
         if norm.kind == "rms" and norm.bias is not None:
             raise ValueError("an RMS norm has no bias")
+        if gated and (norm.weight is not None or norm.bias is not None):
+            raise ValueError("the SwiGLU fold takes no norm weight or bias")
+        if gated and not swiglu_fold_supported(packed):
+            raise ValueError("the SwiGLU fold does not run on float32-scale weights (their rows kernels "
+                             "keep the swiglu launch)")
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
     if kv is not None:
@@ -206,13 +221,19 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     return out
 
 
+def swiglu_fold_supported(packed: PackedLinear) -> bool:
+    """Whether every segment's rows kernel stages swiglu(up) (cuda/linear.cu TakesSwiglu): not
+    the float32-scale kinds, which have no registers left for it."""
+    return not any(seg.kernel.endswith("_f32s") for seg in packed.segments)
+
+
 def _norm_args(norm: NormFold | None, any_float) -> tuple:
     """The kernels' norm_weight, norm_bias, norm, norm_half, norm_eps."""
     if norm is None:
         return any_float, any_float, np.int32(0), np.int32(0), np.float32(0.0)
     kind = NORM_KINDS[norm.kind] + (norm.bias is not None)
-    return (norm.weight, any_float if norm.bias is None else norm.bias, np.int32(kind), np.int32(norm.half),
-            np.float32(norm.eps))
+    return (any_float if norm.weight is None else norm.weight, any_float if norm.bias is None else norm.bias,
+            np.int32(kind), np.int32(norm.half), np.float32(norm.eps))
 
 
 def _no_kv_fold_args(any_pointer) -> tuple:
