@@ -256,20 +256,10 @@ def context_figures(cp, clock, model, loops: int, context: int, replays: int, wa
     """At `context` tokens of cached context: decode, 16-row and 1-row steps as graph replays,
     decode's wall time with a sync per token, and one eager step's kernels."""
     backend = model.backend
-    rng = np.random.default_rng(context)
-    prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, context)]
-    cache = model.new_cache(context + 64, loops)
-    backend.graphs = False
-    token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
-    position = context
-    figures = {"context": context}
-
     # the captured decode step, as the engine runs it, replayed back to back
-    backend.graphs = True
-    for step in range(2):                                   # warm-up, then capture
-        model.decode(token, position + step, cache, loops)
-    runner = backend.decode_runner(model, cache, loops)
-    figures["decode_graph_us"] = clock.replays(runner.replay, replays) * 1e6
+    decode_us, _, cache, token = captured_decode(clock, model, context_prompt(model, context), loops, replays)
+    position = context
+    figures = {"context": context, "decode_graph_us": decode_us}
     walls = []
     for step in range(wall_steps):                          # what a client sees per token
         t0 = time.perf_counter()
@@ -327,18 +317,8 @@ def kv_mode_figures(cp, clock, model, loops: int, context: int, replays: int) ->
     """The decode step at `context` tokens of the model's own KV cache mode (load it with the
     mode to measure): the captured step replayed back to back, and one eager step's kernels with
     attention's share (cuda/README.md's "Attention at 4,096 tokens" table gives the paper's)."""
-    backend = model.backend
-    rng = np.random.default_rng(context)
-    prompt = [int(t) for t in rng.integers(3, model.config.vocab_size, context)]
-    cache = model.new_cache(context + 64, loops)
-    backend.graphs = False
-    token = int(backend.argmax(prefill(model, prompt, cache, loops))[0])
-    backend.graphs = True
-    for step in range(2):                                   # warm-up, then capture
-        model.decode(token, context + step, cache, loops)
-    runner = backend.decode_runner(model, cache, loops)
-    figures = {"context": context, "kv_mode": cache.mode,
-               "decode_graph_us": clock.replays(runner.replay, replays) * 1e6}
+    decode_us, _, cache, token = captured_decode(clock, model, context_prompt(model, context), loops, replays)
+    figures = {"context": context, "kv_mode": cache.mode, "decode_graph_us": decode_us}
     figures.update(eager_step_figures(cp, clock, model, cache, token, context, loops))
     return figures
 
@@ -410,10 +390,16 @@ def batch_figures(clock, model, loops: int, context: int, sizes, replays: int) -
     return out
 
 
-def replayed_decode_step(clock, model, prompt: list[int], loops: int, replays: int) -> tuple[float, np.ndarray]:
-    """On a cache of its own filled by `prompt`: the decode step captured as a graph (a warm-up,
-    then the capture) and replayed back to back. -> (us a replay, the captured step's logits on
-    the host), for the side-by-side stages below that compare two ways of running one step."""
+def context_prompt(model, context: int) -> list[int]:
+    """`context` random token ids (seeded by the context): what the context stages prefill."""
+    rng = np.random.default_rng(context)
+    return [int(t) for t in rng.integers(3, model.config.vocab_size, context)]
+
+
+def captured_decode(clock, model, prompt: list[int], loops: int, replays: int):
+    """On a cache of its own filled by `prompt` (prefilled eagerly): the decode step at positions
+    len(prompt) and + 1 (a warm-up, then the capture), the captured graph replayed back to back.
+    -> (us a replay, the captured step's logits on the host, the cache, the prompt's next token)."""
     backend, context = model.backend, len(prompt)
     cache = model.new_cache(context + 64, loops)
     backend.graphs = False
@@ -423,8 +409,15 @@ def replayed_decode_step(clock, model, prompt: list[int], loops: int, replays: i
         step_logits = model.decode(token, context + step, cache, loops)
     logits = backend.to_host(step_logits)
     seconds = clock.replays(backend.decode_runner(model, cache, loops).replay, replays)
+    return seconds * 1e6, logits, cache, token
+
+
+def replayed_decode_step(clock, model, prompt: list[int], loops: int, replays: int) -> tuple[float, np.ndarray]:
+    """captured_decode on a cache released after it -> (us a replay, the captured step's logits),
+    for the side-by-side stages below that compare two ways of running one step."""
+    us, logits, cache, _ = captured_decode(clock, model, prompt, loops, replays)
     cache.release()
-    return seconds * 1e6, logits
+    return us, logits
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

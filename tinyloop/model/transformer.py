@@ -193,14 +193,18 @@ class LoopedTransformer:
 
     def _fuses_norm_call(self, rows: Rows, capture=None) -> bool:
         """Whether norm_linear_rows makes one fused backend call for these rows."""
+        return self.backend.fuses_norm and self._one_exact_call(rows, capture)
+
+    def _one_exact_call(self, rows: Rows, capture=None) -> bool:
+        """Whether these rows' linears are one exact backend call, with no capture of its input
+        (the quantizer's hook): what every fold into a linear needs."""
         groups = rows.linear_groups(self.backend.bulk_is_exact)
-        return self.backend.fuses_norm and not capture and len(groups) == 1 and groups[0][0]
+        return not capture and len(groups) == 1 and groups[0][0]
 
     def _fuses_swiglu_call(self, rows: Rows, capture=None) -> bool:
         """Whether the down projection takes the SwiGLU inside one exact call (fuses_swiglu), its
         residual add with it: no sandwich norm after it, no capture of its input (the quantizer)."""
-        groups = rows.linear_groups(self.backend.bulk_is_exact)
-        return (self.backend.fuses_swiglu and not capture and len(groups) == 1 and groups[0][0]
+        return (self.backend.fuses_swiglu and self._one_exact_call(rows, capture)
                 and self.config.post_norm not in ("branch", "sum"))
 
     def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",
