@@ -127,11 +127,6 @@ __device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, N
 template <class Kind> struct TakesSwiglu { static const bool value = true; };
 template <int BITS> struct TakesSwiglu<QuantKind<BITS, float>> { static const bool value = false; };
 
-// Whether a launch's staging needs its rows' norm statistics (a norm fold; not the SwiGLU's).
-__device__ __forceinline__ bool needs_norm_stats(const LinearArgs& a) {
-    return a.norm && a.norm != LIN_STAGE_SWIGLU;
-}
-
 // The input feeding stored column j of row t under the fused norm: the norm kernel's output
 // element, or under the SwiGLU fold the swiglu kernel's (either rounded to half and widened
 // back where that output would be half), 0 for padding.
@@ -338,7 +333,7 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     // a column's pointers are found again at each load (a few instructions a batch), not kept:
     // the registers go to the batches in flight
     if (any) load_batch<Kind, B, !EVEN, EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
-    if (needs_norm_stats(a)) rows_norm_stats<R>(a, row0, st, slots);
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
     stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, 0, W, xs, st);
     __syncthreads();
@@ -391,7 +386,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
     const int B = rows_batch(R);
     const int STEP = 32 * B;                // words a batch covers
     const unsigned magic = group_magic(a.group_size);
-    if (needs_norm_stats(a)) rows_norm_stats<R>(a, row0, st, slots);     // read after the first tile's barrier
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);   // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
     for (int c0 = blockIdx.x * LIN_WARPS; c0 < a.n_out; c0 += gridDim.x * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
