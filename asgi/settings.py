@@ -54,8 +54,9 @@ class Settings:
     def from_env(cls) -> "Settings":
         from tinyloop.backends.cuda.graphs import graphs_enabled
         graphs_enabled()                    # TINYLOOP_CUDA_GRAPHS: read by the CUDA backend, a typo refused here
-        from tinyloop.backends.cuda.backend import mma_rows_enabled
+        from tinyloop.backends.cuda.backend import mma_rows_enabled, pair_enabled
         mma_rows_enabled()                  # TINYLOOP_CUDA_MMA_ROWS: likewise
+        pair_enabled()                      # TINYLOOP_CUDA_PAIR: likewise
         from tinyloop.backends.cuda.dependent_launch import dependent_launch_enabled
         dependent_launch_enabled()          # TINYLOOP_CUDA_PDL: likewise
         from tinyloop.backends.select import activations_from_env

@@ -212,11 +212,40 @@ __device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned in
     }
 }
 
+// -- where a block is in its call's grid ----------------------------------------------------------
+// A call of its own reads blockIdx and gridDim (CHAINED false: the code every rows kernel had); a
+// call chained after another in one launch (the pair, below) reads the place its ticket gave it.
+template <bool CHAINED> __device__ __forceinline__ int place_x(const LinearArgs& a) {
+    return CHAINED ? a.block_x : (int)blockIdx.x;
+}
+template <bool CHAINED> __device__ __forceinline__ int place_y(const LinearArgs& a) {
+    return CHAINED ? a.block_y : (int)blockIdx.y;
+}
+template <bool CHAINED> __device__ __forceinline__ int place_grid_x(const LinearArgs& a) {
+    return CHAINED ? a.grid_x : (int)gridDim.x;
+}
+
+// A chained call's wait for the call before it (a grid barrier's second half): thread 0 reads the
+// count until every block of that call has counted itself, fences (what they stored before our
+// loads), and the block syncs; before anything of the call. (Waiting after the first batch of
+// weights is issued, so that it loads during the wait, spilled the pair kernel on sm_90: the place
+// and the batch both live across the wait.) Block-uniform.
+template <bool CHAINED>
+__device__ __forceinline__ void chain_wait(const LinearArgs& a) {
+    if (!CHAINED || !a.chain_wait) return;
+    if (threadIdx.x == 0) {
+        while (*static_cast<const volatile unsigned int*>(a.chain_done) < a.chain_wait) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // -- the KV write folded into the qkv call (a.kv_mode) --------------------------------------------
 // The launch's keys and values are its own output columns; each (row, kv head) has a counter.
 // After its last column a warp syncs, fences (its lanes' stores are in memory before any count),
 // then counts each (column, row) output it stored among the keys and values (its columns and
-// rows are fixed by the grid: blockIdx.x * 8 + warp, then gridDim.x * 8 further on; the block's
+// rows are fixed by the grid: place_x * 8 + warp, then place_grid_x * 8 further on; the block's
 // rows), 32 at a time. A count that completes a row's 2 hd columns of head g puts (row, g) on the
 // warp's list and zeroes the counter (for the next launch, or a replayed graph); a count past
 // 2 hd means a launch left a counter behind, and traps. Whenever the list could not take
@@ -239,10 +268,11 @@ __device__ __forceinline__ int kv_fold_head(const LinearArgs& a, int column) {
 }
 
 // Every lane of every warp calls it, after the warp's last column.
+template <bool CHAINED>
 __device__ __forceinline__ void kv_fold(const LinearArgs& a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int o_first = blockIdx.x * LIN_WARPS + warp, o_step = gridDim.x * LIN_WARPS;
-    const int row0 = blockIdx.y * a.rows_per_block;
+    const int o_first = place_x<CHAINED>(a) * LIN_WARPS + warp, o_step = place_grid_x<CHAINED>(a) * LIN_WARPS;
+    const int row0 = place_y<CHAINED>(a) * a.rows_per_block;
     const int rows = max(min(row0 + a.rows_per_block, a.n_rows) - row0, 0);
     const int columns = o_first < a.n_out ? (a.n_out - o_first + o_step - 1) / o_step : 0;
     const int outputs = columns * rows;
@@ -307,7 +337,7 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // Lane l of a column sums its words l, l + 32, l + 64, ... in that order, within a word its
 // columns in order, one accumulator per row: the order the twin follows, the same in both
 // paths below. Only the loads are arranged for the memory system; none of it moves an addition.
-// A block's warps take columns blockIdx.x * 8 + warp, then gridDim.x * 8 further on, ...: the
+// A block's warps take columns place_x * 8 + warp, then place_grid_x * 8 further on, ...: the
 // launcher may give fewer blocks than columns / 8 (launch/linear.py column_block_cap), and
 // which block sums a column changes none of its bits.
 
@@ -317,16 +347,16 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane) and
 // its groups regular (Kind::regular_groups: a batch's scales and mins at offsets from its
 // first word's), so no batch is clamped or checked and the loop has one arm.
-template <class Kind, class X, int R, bool EVEN>
+template <class Kind, class X, int R, bool EVEN, bool CHAINED>
 __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
     const int B = rows_batch(R);
     const int STEP = 32 * B;                // words a batch covers
     const int W = a.words_per_row;          // <= TW
-    const int o_step = gridDim.x * LIN_WARPS;
+    const int o_step = place_grid_x<CHAINED>(a) * LIN_WARPS;
     const unsigned magic = group_magic(a.group_size);
-    int o = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
+    int o = place_x<CHAINED>(a) * LIN_WARPS + (threadIdx.x >> 5);
     const bool any = o < a.n_out;           // warp-uniform
     unsigned int words[B], next[B];
     typename Kind::Params params[B], next_params[B];
@@ -379,7 +409,7 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
 // tiles staged in turn; a tile's first batch is issued before its inputs are staged, each later
 // batch while the one before it is summed, so no load waits behind a barrier. (With fewer
 // blocks than columns / 8 the tiles are staged again for each column.)
-template <class Kind, class X, int R>
+template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
@@ -388,7 +418,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
     const unsigned magic = group_magic(a.group_size);
     if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);   // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
-    for (int c0 = blockIdx.x * LIN_WARPS; c0 < a.n_out; c0 += gridDim.x * LIN_WARPS) {
+    for (int c0 = place_x<CHAINED>(a) * LIN_WARPS; c0 < a.n_out; c0 += place_grid_x<CHAINED>(a) * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
         const bool active = o < a.n_out;    // warp-uniform
         const unsigned int* row_words = a.weights + (long long)(active ? o : 0) * a.words_per_row;
@@ -433,42 +463,102 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
 
 // R rows starting at row0, every column of the block's (all warps of the block call it: it
 // holds barriers). Which path depends on the launch alone (block-uniform).
-template <class Kind, class X, int R>
+template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
         if (a.words_per_row % (32 * rows_batch(R)) == 0 && Kind::regular_groups(a))
-            rows_resident<Kind, X, R, true>(a, row0, xs, st, slots);
-        else rows_resident<Kind, X, R, false>(a, row0, xs, st, slots);
+            rows_resident<Kind, X, R, true, CHAINED>(a, row0, xs, st, slots);
+        else rows_resident<Kind, X, R, false, CHAINED>(a, row0, xs, st, slots);
     } else {
-        rows_tiled<Kind, X, R>(a, row0, xs, st, slots);
+        rows_tiled<Kind, X, R, CHAINED>(a, row0, xs, st, slots);
     }
 }
 
-template <class Kind, class X>
+template <class Kind, class X, bool CHAINED>
 __device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs, NormStats* st, float* slots) {
-    int row = blockIdx.y * a.rows_per_block;
+    int row = place_y<CHAINED>(a) * a.rows_per_block;
     int end = min(row + a.rows_per_block, a.n_rows);
     // chunk sizes depend only on the block's row count (block-uniform, as the barriers need)
-    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK>(a, row, xs, st, slots);
-    if (end - row >= 4) { rows_chunk<Kind, X, 4>(a, row, xs, st, slots); row += 4; }
-    if (end - row >= 2) { rows_chunk<Kind, X, 2>(a, row, xs, st, slots); row += 2; }
-    if (end - row >= 1) rows_chunk<Kind, X, 1>(a, row, xs, st, slots);
+    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK, CHAINED>(a, row, xs, st, slots);
+    if (end - row >= 4) { rows_chunk<Kind, X, 4, CHAINED>(a, row, xs, st, slots); row += 4; }
+    if (end - row >= 2) { rows_chunk<Kind, X, 2, CHAINED>(a, row, xs, st, slots); row += 2; }
+    if (end - row >= 1) rows_chunk<Kind, X, 1, CHAINED>(a, row, xs, st, slots);
 }
 
 // The activations' type (x_half) is chosen once per launch: each path is the whole kernel.
 // Under a fused norm x is the float residual stream (the launcher sets x_half = 0).
-template <class Kind>
+template <class Kind, bool CHAINED = false>
 __device__ __forceinline__ void linear_rows(const LinearArgs& a) {
     __shared__ __align__(16) float xs[LIN_STAGE_FLOATS];     // 32 KiB
     __shared__ NormStats st[LIN_CHUNK];                      // the fused norm's rows
     __shared__ float slots[TL_NORM_WARPS + 1];               // its block sums
-    if (a.x_half) linear_rows_of<Kind, __half>(a, xs, st, slots);
-    else linear_rows_of<Kind, float>(a, xs, st, slots);
-    if (a.kv_mode) kv_fold(a);
+    chain_wait<CHAINED>(a);                 // a chained call: x is the call before it's output
+    if (a.x_half) linear_rows_of<Kind, __half, CHAINED>(a, xs, st, slots);
+    else linear_rows_of<Kind, float, CHAINED>(a, xs, st, slots);
+    if (a.kv_mode) kv_fold<CHAINED>(a);
 }
+
+// -- two calls chained in one launch (launch/linear.py linear_pair) -------------------------------
+// The attention's out projection with its residual add, then the MLP's up projection over the
+// new residual stream (its norm folded in): the second call needs every column of the first, which
+// other blocks compute, so until now it was a launch of its own. Here both run in one launch:
+// blocks take tickets in the order they start (chain[0]); tickets [0, blocks0) run the first call
+// at (ticket % grid_x0, ticket / grid_x0), the rest the second at the same place of theirs, which
+// wait until chain[1] counts the first call's blocks0 blocks done (chain_wait). A waiting block waits only on
+// blocks that took lower tickets, which are running or done, so however few blocks the GPU holds
+// at once the wait cannot deadlock (the grid need not fit: no cooperative launch). The handoff is
+// a grid barrier's: barrier, fence, count (every thread's stores before the count); count seen,
+// fence, barrier (the second call's loads after it). Each call is the linear_rows of its own
+// launch, so every output has that launch's bits. The last block of the second call zeroes the
+// counters (a count left behind traps): every launch leaves them zero, a replayed graph finds them so.
+__shared__ int chain_ticket_shared;
+
+// Every thread gets the block's ticket (thread 0 takes it).
+__device__ __forceinline__ int chain_ticket(unsigned int* chain) {
+    if (threadIdx.x == 0) {
+        const unsigned int ticket = atomicAdd(&chain[0], 1u);
+        if (ticket >= gridDim.x) __trap();                        // a launch left its counters behind
+        chain_ticket_shared = (int)ticket;
+    }
+    __syncthreads();
+    return chain_ticket_shared;
+}
+
+template <class Kind>
+__device__ __forceinline__ void linear_rows_pair(const LinearArgs& first, const LinearArgs& second, int ticket,
+                                                 int blocks0, unsigned int* chain) {
+    if (ticket < blocks0) {
+        linear_rows<Kind, true>(first);
+        __syncthreads();                                          // the block's outputs are stored
+        if (threadIdx.x == 0) {
+            __threadfence();                                      // ... and in memory before the count
+            atomicAdd(&chain[1], 1u);
+        }
+        return;
+    }
+    linear_rows<Kind, true>(second);                              // waits for the first (chain_wait)
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(&chain[2], 1u) + 1u == gridDim.x - (unsigned int)blocks0) {
+        chain[0] = 0u;                                            // every block has its ticket and is done
+        chain[1] = 0u;
+        chain[2] = 0u;
+    }
+}
+
+// A pair entry point: the first call's parameters, the second's (prefixed b_), the first call's
+// blocks (grid_x0 x its rows' blocks), the two calls' column grids and the three counters;
+// grid (blocks0 + the second call's blocks,), block (256,).
+#define LINEAR_PAIR_PARAMS(S) LINEAR_PARAMS(S), LINEAR_PARAMS_AS(S, b_), int blocks0, int grid_x0, int grid_x1, \
+                              unsigned int *chain
+// The body after the entry's tl_dependent_launch(): the ticket, then each call's arguments at its place.
+#define LINEAR_PAIR_BODY(KIND)                                                                                   \
+    const int t = chain_ticket(chain), u = t - blocks0;  /* u: the place in the second call (t >= blocks0) */     \
+    linear_rows_pair<KIND>(LINEAR_ARGS_AS(, t % grid_x0, t / grid_x0, grid_x0, nullptr, 0u),                     \
+                           LINEAR_ARGS_AS(b_, u % grid_x1, u / grid_x1, grid_x1, chain + 1, (unsigned int)blocks0), \
+                           t, blocks0, chain)
 
 // -- the bulk path ------------------------------------------------------------------------------
 template <class Kind>
@@ -562,3 +652,9 @@ extern "C" __global__ void __launch_bounds__(256)
 linear_bulk_f16(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<F16Kind>(LINEAR_ARGS); }
 extern "C" __global__ void __launch_bounds__(256)
 linear_bulk_f32(LINEAR_PARAMS(float)) { tl_dependent_launch(); linear_bulk<F32Kind>(LINEAR_ARGS); }
+// the pair for int4 with half scales and mins (GGUF Q4_0/Q4_1, RTN and GPTQ int4: the decode
+// weights of the models we serve); every other kind keeps two launches. One kind only: each pair
+// is two rows kernels' code, and the int2 and int8 pairs spill on sm_90.
+typedef QuantKind<4, __half> PairInt4;
+extern "C" __global__ void __launch_bounds__(256, 2)
+linear_rows_pair_int4(LINEAR_PAIR_PARAMS(__half)) { tl_dependent_launch(); LINEAR_PAIR_BODY(PairInt4); }

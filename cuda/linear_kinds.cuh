@@ -39,6 +39,12 @@ struct LinearArgs {
     const int* kv_blocks; const int* kv_rows; int kv_n_kv; int kv_pool_rows; int kv_hd;
     const float* kv_rotation; int kv_has_rotation; const int* kv_table_offsets; int kv_per_token_tables;
     int kv_k_offset; int kv_v_offset; unsigned int* kv_counters;
+    // where this block is in the call's grid: blockIdx.x, blockIdx.y, gridDim.x for a call of its
+    // own; the ticket's place for a call chained after another in one launch (linear.cu, the pair)
+    int block_x; int block_y; int grid_x;
+    // a call chained after another in one launch waits, once its first weights are in flight, until
+    // *chain_done counts chain_wait blocks of the call before it (chain_wait 0: no wait)
+    const unsigned int* chain_done; unsigned int chain_wait;
 };
 
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
@@ -242,18 +248,20 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
 // Every linear kernel's parameters, S the stored type of scale and min (__half or float; the
 // dense kinds take float and ignore them). The CPU harness finds each kernel by the name in its
 // declaration and reads these parameters' types from the compiled function.
-#define LINEAR_PARAMS(S)                                                                              \
-    const void *x, int x_half, int x_stride, int n_rows, int rows_per_block,                          \
-    const unsigned int *weights, int words_per_row, int n_out,                                        \
-    const S *scale, const S *mins, int groups, int group_size,                                        \
-    const int *perm, int has_perm, int stored_in, int in_features,                                    \
-    const float *bias, int has_bias, const float *residual, int has_residual, int residual_stride,    \
-    void *y, int y_stride, int y_offset, int act, int y_half,                                          \
-    const float *norm_weight, const float *norm_bias, int norm, int norm_half, float norm_eps,         \
-    int kv_mode, void *kv_key0, void *kv_key1, void *kv_key2, void *kv_value0, void *kv_value1,       \
-    void *kv_value2, const int *kv_blocks, const int *kv_rows, int kv_n_kv, int kv_pool_rows,          \
-    int kv_hd, const float *kv_rotation, int kv_has_rotation, const int *kv_table_offsets,            \
-    int kv_per_token_tables, int kv_k_offset, int kv_v_offset, unsigned int *kv_counters
+#define LINEAR_PARAMS(S) LINEAR_PARAMS_AS(S, )
+// The same with every name prefixed by P (a second call's parameters in one entry point).
+#define LINEAR_PARAMS_AS(S, P)                                                                                 \
+    const void *P##x, int P##x_half, int P##x_stride, int P##n_rows, int P##rows_per_block,                    \
+    const unsigned int *P##weights, int P##words_per_row, int P##n_out,                                        \
+    const S *P##scale, const S *P##mins, int P##groups, int P##group_size,                                     \
+    const int *P##perm, int P##has_perm, int P##stored_in, int P##in_features,                                 \
+    const float *P##bias, int P##has_bias, const float *P##residual, int P##has_residual, int P##residual_stride, \
+    void *P##y, int P##y_stride, int P##y_offset, int P##act, int P##y_half,                                   \
+    const float *P##norm_weight, const float *P##norm_bias, int P##norm, int P##norm_half, float P##norm_eps,  \
+    int P##kv_mode, void *P##kv_key0, void *P##kv_key1, void *P##kv_key2, void *P##kv_value0, void *P##kv_value1, \
+    void *P##kv_value2, const int *P##kv_blocks, const int *P##kv_rows, int P##kv_n_kv, int P##kv_pool_rows,   \
+    int P##kv_hd, const float *P##kv_rotation, int P##kv_has_rotation, const int *P##kv_table_offsets,         \
+    int P##kv_per_token_tables, int P##kv_k_offset, int P##kv_v_offset, unsigned int *P##kv_counters
 
 // The entry points' argument list as a LinearArgs.
 // The output: y[t, o] = (x W^T)[t, o] (+ bias[o]) (+ residual[t, o]: the residual add of a
@@ -261,10 +269,15 @@ __device__ __forceinline__ void store_output(const LinearArgs& a, int t, int o, 
 // columns, row stride residual_stride floats, and may not overlap y). In that order, so the
 // bits are those of the unfused add h + (x W^T + bias), IEEE addition being commutative. act = 1:
 // GELU of that (the MLP's up projection: one launch fewer), y_half = 1: y is half.
-#define LINEAR_ARGS {x, x_half, x_stride, n_rows, rows_per_block, weights, words_per_row, n_out, scale, mins, \
-                     groups, group_size, perm, has_perm, stored_in, in_features, bias, has_bias,      \
-                     residual, has_residual, residual_stride, y, y_stride, y_offset, act, y_half,     \
-                     norm_weight, norm_bias, norm, norm_half, norm_eps, kv_mode, kv_key0, kv_key1,   \
-                     kv_key2, kv_value0, kv_value1, kv_value2, kv_blocks, kv_rows, kv_n_kv, kv_pool_rows, \
-                     kv_hd, kv_rotation, kv_has_rotation, kv_table_offsets, kv_per_token_tables,       \
-                     kv_k_offset, kv_v_offset, kv_counters}
+#define LINEAR_ARGS LINEAR_ARGS_AS(, (int)blockIdx.x, (int)blockIdx.y, (int)gridDim.x, nullptr, 0u)
+// Those of the parameters prefixed by P, for the block at (BX, BY) of a GX-wide grid, waiting for
+// WAIT blocks counted at DONE first (WAIT 0: none).
+#define LINEAR_ARGS_AS(P, BX, BY, GX, DONE, WAIT)                                                    \
+    {P##x, P##x_half, P##x_stride, P##n_rows, P##rows_per_block, P##weights, P##words_per_row, P##n_out,   \
+     P##scale, P##mins, P##groups, P##group_size, P##perm, P##has_perm, P##stored_in, P##in_features,     \
+     P##bias, P##has_bias, P##residual, P##has_residual, P##residual_stride, P##y, P##y_stride,          \
+     P##y_offset, P##act, P##y_half, P##norm_weight, P##norm_bias, P##norm, P##norm_half, P##norm_eps,   \
+     P##kv_mode, P##kv_key0, P##kv_key1, P##kv_key2, P##kv_value0, P##kv_value1, P##kv_value2,          \
+     P##kv_blocks, P##kv_rows, P##kv_n_kv, P##kv_pool_rows, P##kv_hd, P##kv_rotation,                   \
+     P##kv_has_rotation, P##kv_table_offsets, P##kv_per_token_tables, P##kv_k_offset, P##kv_v_offset,    \
+     P##kv_counters, BX, BY, GX, DONE, WAIT}

@@ -25,6 +25,10 @@ and never brackets a single Python launch (whose host overhead would count as ke
 - **The KV write folded or not** (1k context): the decode step as a graph with the KV write
   inside the qkv linear (the default) and as a launch of its own, side by side on one model,
   their ratio, and whether the two steps' logits are the same bits.
+- **The out and up projections as one launch or two** (1k context, `TINYLOOP_CUDA_PAIR`): the
+  decode step as a graph with `linear_rows_pair_int4` (the up projection's blocks waiting on the
+  out projection's inside the launch) and without, side by side on one model (`toggled_figures`),
+  their ratio (on_over_off), and whether the two steps' logits are the same bits.
 - **Programmatic dependent launch or not** (1k context, `TINYLOOP_CUDA_PDL`): the decode step
   as a graph on a second copy of the model whose device launches every kernel with the
   attribute, beside the plain one, each on a cache of its own filled by the same prompt: their
@@ -424,24 +428,34 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
 
 
-def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dict:
-    """The decode step replayed as a graph with the KV write folded into the qkv linear (the
-    default) and as a launch of its own, side by side on one model at `context` tokens: each on a
-    cache of its own, filled by the same prompt; the two steps' logits must be the same bits."""
+def toggled_figures(clock, model, attribute: str, loops: int, context: int, replays: int) -> dict:
+    """The decode step replayed as a graph with the backend's `attribute` (a fold: fuses_kv_write,
+    fuses_pair) on and off, side by side on one model at `context` tokens: each on a cache of its
+    own, filled by the same prompt; the two steps' logits must be the same bits. The attribute is
+    left as it was."""
     backend = model.backend
+    original = getattr(backend, attribute)
     prompt = [int(t) for t in np.random.default_rng(context).integers(3, model.config.vocab_size, context)]
     out, logits = {"context": context}, []
     try:
-        for folded in (True, False):
-            backend.fuses_kv_write = folded
+        for on in (True, False):
+            setattr(backend, attribute, on)
             us, step_logits = replayed_decode_step(clock, model, prompt, loops, replays)
-            out["folded_us" if folded else "apart_us"] = us
+            out["on_us" if on else "off_us"] = us
             logits.append(step_logits)
     finally:
-        backend.fuses_kv_write = True
-    out["folded_over_apart"] = out["folded_us"] / out["apart_us"]
+        setattr(backend, attribute, original)
+    out["on_over_off"] = out["on_us"] / out["off_us"]
     out["same_bits"] = same_bits(*logits)
     return out
+
+
+def kv_fold_figures(clock, model, loops: int, context: int, replays: int) -> dict:
+    """toggled_figures for the KV write folded into the qkv linear (the default) or a launch of
+    its own: folded_us, apart_us, their ratio, same_bits."""
+    f = toggled_figures(clock, model, "fuses_kv_write", loops, context, replays)
+    return {"context": f["context"], "folded_us": f["on_us"], "apart_us": f["off_us"],
+            "folded_over_apart": f["on_over_off"], "same_bits": f["same_bits"]}
 
 
 def dependent_launch_figures(clock, plain, dependent, loops: int, context: int, replays: int) -> dict:
@@ -561,6 +575,7 @@ def main() -> int:
                                              options=(*compile_options(), *options)),
             clock, args.contexts, calls)),
         ("kv_fold_1k", lambda: kv_fold_figures(clock, model, 8, 1024, replays)),
+        ("pair_1k", lambda: toggled_figures(clock, model, "fuses_pair", 8, 1024, replays)),
         ("dependent_launch_1k", lambda: dependent_launch_figures(clock, model, dependent, 8, 1024, replays)
          if not isinstance(dependent, Exception) else {"error": f"{type(dependent).__name__}: {dependent}"}),
         (f"kv_modes_{max(args.contexts)}", lambda: {

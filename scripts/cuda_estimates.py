@@ -60,6 +60,19 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
 
 QKV_FOLDED = "linear_rows qkv (+ the KV write, RoPE of the keys)"
 DOWN_SWIGLU = "linear_rows down (+ SwiGLU, residual)"
+# The out projection and the up projection after it in one launch (linear.cu linear_rows_pair_int4:
+# the up blocks wait for the out blocks' count): the up row launches nothing of its own.
+OUT_PAIRED = "linear_rows_pair out (+ residual)"
+UP_PAIRED = "linear_rows_pair up, after out's blocks (no launch)"
+UP_PAIRED_GELU = "linear_rows_pair up (+ GELU), after out's blocks (no launch)"
+IN_ANOTHER_LAUNCH = (UP_PAIRED, UP_PAIRED_GELU)
+
+
+def launches(rows: list) -> int:
+    """Launches a token of step_rows' (kernel, bytes, calls) or latency_rows' rows: every call
+    but those that run in another kernel's launch (the pair's up projection)."""
+    named = [(r["kernel"], r["calls"]) if isinstance(r, dict) else (r[0], r[2]) for r in rows]
+    return sum(calls for name, calls in named if name not in IN_ANOTHER_LAUNCH)
 
 
 # The attention kernel that reads each KV cache mode (launch/attention.py).
@@ -68,14 +81,16 @@ ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4":
 
 
 def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
-              kv_mode: str = "fp16") -> list[tuple[str, int, int]]:
+              kv_mode: str = "fp16", paired: bool = False) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
     `kv_mode` cache. fused_norm (the default path; not with TINYLOOP_CUDA_MMA_ROWS): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
     residual row h instead of the norm's output, the KV write rides on the qkv linear, and a
     SwiGLU on the down projection after it, which stages swiglu(up) from the up projection's
     2 ffn outputs (the staging's exp and divide per input are not counted: about 6 a thread
-    for SmolLM2's 1,536 inputs over a block's 256 threads)."""
+    for SmolLM2's 1,536 inputs over a block's 256 threads). paired (TINYLOOP_CUDA_PAIR=1; int4
+    weights, the pair's kind, on the fused path): the out projection and the up projection after
+    it are one launch (OUT_PAIRED, then UP_PAIRED: the same bytes, no launch of its own)."""
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
@@ -86,6 +101,7 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
     # qkv linear where the norm does (the rows kernels: the warps that finish a head store it)
     kv_write = 2 * kv * 4 + stored_row + 4 + kv * 4 + hd * 4
     qkv = packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"])
+    paired = paired and fused_norm and s["core_bits"] == 4      # launch/linear.py PAIR_KERNELS
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
@@ -95,11 +111,13 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
         (f"{ATTENTION_KERNELS[kv_mode]} (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
          context * stored_row + q * 4 + 2 * chunk_partials + q * 4 + 4 + hd * 4, n),
         # the residual add is fused into the out and down projections' epilogue: h read there
-        ("linear_rows out (+ residual)", packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
+        (OUT_PAIRED if paired else "linear_rows out (+ residual)",
+         packed_linear_bytes(q, d, s["core_bits"], s["bias"]) + d * 4, n),
         # GELU is fused into the up projection's epilogue (one launch fewer); SwiGLU pairs two
         # columns that different warps compute, so it rides on the down projection's staging
         # instead (which then reads both: ffn floats more), or is a kernel of its own
-        ("linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
+        ((UP_PAIRED if s["mlp"] == "swiglu" else UP_PAIRED_GELU) if paired else
+         "linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
          packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
         *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not fused_norm else []),
         *([(DOWN_SWIGLU, packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + ffn * 4 + d * 4, n)]
@@ -285,7 +303,7 @@ def attention_shared(s: dict, sass: dict | None) -> int:
 
 def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = False,
                  requests: bool = False, gap_s: float = LAUNCH_GAP_S, context: int = CONTEXT,
-                 kv_mode: str = "fp16") -> list[dict]:
+                 kv_mode: str = "fp16", paired: bool = False) -> list[dict]:
     """The decode step's kernels with the latency-aware time: bytes / (4.8 TB/s x fraction) +
     the launch gap. Kernels without a tagged loop (norms, RoPE, the KV write, the merge,
     argmax: a few KiB each) count at full bandwidth: their launch is their cost (the KV write's
@@ -299,20 +317,24 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once.
     requests: the rows are `rows` requests' decode steps, each at `context` tokens of its own cache
     (a batch graph, backends/cuda/batch.py): attention reads every row's keys and values, one
-    query a block. kv_mode: the cache's mode, read by its own attention kernel (its own hot loop)."""
+    query a block. kv_mode: the cache's mode, read by its own attention kernel (its own hot loop).
+    paired: the out and up projections as one launch (step_rows): the up projection pays no launch
+    gap but the handoff inside the launch, two round trips (the out blocks' fence and count, then
+    the waiting block's read that sees it) before its own first load."""
     d, q, kv, ffn = s["dim"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     kind = f"int{s['core_bits']}"
     linear_warps = {"linear_rows qkv": q + 2 * kv, QKV_FOLDED: q + 2 * kv, "linear_rows out (+ residual)": d,
-                    "linear_rows up": up_out,
+                    OUT_PAIRED: d, "linear_rows up": up_out, UP_PAIRED: up_out, UP_PAIRED_GELU: up_out,
                     "linear_rows up (+ GELU)": up_out, "linear_rows down (+ residual)": d, DOWN_SWIGLU: d,
                     "linear_rows head": s["vocab"]}
-    linear_in = {"linear_rows qkv": d, QKV_FOLDED: d, "linear_rows out (+ residual)": q, "linear_rows up": d,
+    linear_in = {"linear_rows qkv": d, QKV_FOLDED: d, "linear_rows out (+ residual)": q, OUT_PAIRED: q,
+                 "linear_rows up": d, UP_PAIRED: d, UP_PAIRED_GELU: d,
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, DOWN_SWIGLU: ffn,
                  "linear_rows head": d}
     out = []
-    for name, nbytes, calls in step_rows(s, fused_norm=not mma, context=context, kv_mode=kv_mode):
-        fraction, detail, extra_s = 1.0, None, 0.0
+    for name, nbytes, calls in step_rows(s, fused_norm=not mma, context=context, kv_mode=kv_mode, paired=paired):
+        fraction, detail, extra_s, gap = 1.0, None, 0.0, gap_s
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         call = mma_call(linear_in[name], linear_warps[name], rows, sass) \
             if mma and name in linear_warps and bits == 4 else None
@@ -331,6 +353,10 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 # after its last column a warp fences and counts (an atomic's round trip); the
                 # warp completing a head then loads its row (another) and stores it
                 extra_s = 2 * LATENCY_S
+            if name in IN_ANOTHER_LAUNCH:
+                # no launch gap: the handoff instead, the out blocks' fence and count (a round
+                # trip), then the waiting block's read that sees the count (another)
+                extra_s, gap = 2 * LATENCY_S, 0.0
         elif name.startswith("attention_"):
             kernel = name.split()[0]
             loop = hot_loop(kernel, 1, sass)
@@ -353,7 +379,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 extra_s = LATENCY_S                                   # its load of the row, before the store
         if detail:
             fraction = detail["fraction"]
-        seconds = nbytes / (HBM * fraction) + gap_s + extra_s
+        seconds = nbytes / (HBM * fraction) + gap + extra_s
         out.append({"kernel": name, "bytes": nbytes, "calls": calls, "fraction": fraction, "detail": detail,
                     "us": seconds * 1e6})
     return out
@@ -373,9 +399,9 @@ def latency_table(sass: dict | None = None) -> str:
             cells = (f"{d['in_flight']:,.0f} | {d['latency']:.0%} | {d['issue']:.0%}" if d else "- | - | -")
             lines.append(f"| {r['kernel']} | {cells} | {r['fraction']:.0%} | {r['us']:.2f} | {r['us'] * r['calls']:.1f} |")
             total += r["us"] * r["calls"]
-        launches = sum(r["calls"] for r in rows)
+        step_launches = launches(rows)
         verify = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, rows=16))
-        lines += [f"| **step** | | | | | {launches} launches ({launches * LAUNCH_GAP_S * 1e6:.0f} us) | "
+        lines += [f"| **step** | | | | | {step_launches} launches ({step_launches * LAUNCH_GAP_S * 1e6:.0f} us) | "
                   f"{total:.0f} ({1e6 / total:,.0f} tok/s) |", "",
                   f"The same step over 16 rows (a verify, `latency_rows(rows=16)`): {verify:,.0f} us, "
                   f"{verify / total:.2f}x the 1-row step (the target is 1.2x).", ""]
@@ -383,6 +409,15 @@ def latency_table(sass: dict | None = None) -> str:
         lines += [f"With programmatic dependent launch (`TINYLOOP_CUDA_PDL=1`), if a kernel boundary costs "
                   f"{PDL_GAP_S * 1e6:.1f} us instead of {LAUNCH_GAP_S * 1e6:.1f} (an assumption, `PDL_GAP_S`): "
                   f"a step {pdl:.0f} us ({1e6 / pdl:,.0f} tok/s).", ""]
+        pair_rows = latency_rows(shape, sass, paired=True)
+        if launches(pair_rows) < step_launches:
+            pair = sum(r["us"] * r["calls"] for r in pair_rows)
+            pair_pdl = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, gap_s=PDL_GAP_S, paired=True))
+            lines += [f"With the out and up projections as one launch (`TINYLOOP_CUDA_PAIR=1`, "
+                      f"`linear_rows_pair_int4`): {launches(pair_rows)} launches, a step {pair:.0f} us "
+                      f"({1e6 / pair:,.0f} tok/s; {pair_pdl:.0f} us with `TINYLOOP_CUDA_PDL=1` too): the "
+                      f"handoff inside the launch, {2 * LATENCY_S * 1e6:.1f} us (two round trips), against "
+                      f"the launch gap it saves.", ""]
         mma_rows = latency_rows(shape, sass, mma=True)
         if any(r["kernel"].startswith("linear_mma") for r in mma_rows):
             mma_total = sum(r["us"] * r["calls"] for r in mma_rows)
@@ -455,12 +490,12 @@ def tables() -> str:
         rows = step_rows(shape)
         lines += [f"**{name}**", "", "| kernel | bytes / call | us / call at 4.8 TB/s | calls / token | "
                   "us / token |", "|---|---|---|---|---|"]
-        total_bytes = total_calls = 0
+        total_bytes = 0
         for kernel, nbytes, calls in rows:
             lines.append(f"| {kernel} | {nbytes:,} | {nbytes / HBM * 1e6:.2f} | {calls} | "
                          f"{nbytes * calls / HBM * 1e6:.1f} |")
-            total_bytes, total_calls = total_bytes + nbytes * calls, total_calls + calls
-        lines += [f"| **step** | {total_bytes:,} | | {total_calls} launches | {total_bytes / HBM * 1e6:.0f} "
+            total_bytes = total_bytes + nbytes * calls
+        lines += [f"| **step** | {total_bytes:,} | | {launches(rows)} launches | {total_bytes / HBM * 1e6:.0f} "
                   f"(bound: {HBM / total_bytes:,.0f} tok/s) |", ""]
     lines += [latency_table(), "", long_context_table(), ""]
     found = resources()

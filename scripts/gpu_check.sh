@@ -15,7 +15,8 @@
 #    and against every Hugging Face layout's golden logits (tests/test_hf_import.py), with
 #    programmatic dependent launch against plain launches bit for bit; then five cases of the
 #    reduced exactness suite with the CUDA backend as the default device (TINYLOOP_DEVICE=cuda),
-#    launching with programmatic dependent launch (TINYLOOP_CUDA_PDL=1; ignored below sm_90).
+#    launching with programmatic dependent launch (TINYLOOP_CUDA_PDL=1; ignored below sm_90) and
+#    the out and up projections as one launch (TINYLOOP_CUDA_PAIR=1).
 #    compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a few device tests
 #    of each kernel file (SANITIZE_TESTS below); a machine whose sanitizer refuses the device
 #    (gVisor: "Device not supported") or has none records the stage as unavailable (exit 3).
@@ -53,7 +54,7 @@ stage() {   # stage NAME TIMEOUT COMMAND...: run, log, record the exit status
 stage environment 20 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__); print(cupy.cuda.runtime.getDeviceProperties(0)[\"name\"])"; python3 -c "from tinyloop.backends.cuda.compile import header_dirs, compile_options; print(\"cuda_fp16.h in\", header_dirs()); print(\"NVRTC options\", compile_options())"'
 stage kernels 80 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
     tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_kv.py tests/test_cuda_kv_fold.py \
-    tests/test_cuda_attention.py tests/test_cuda_elementwise.py tests/test_cuda_sampling.py \
+    tests/test_cuda_attention.py tests/test_cuda_elementwise.py tests/test_cuda_sampling.py tests/test_cuda_pair.py \
     --junitxml "$REPORT/kernels.xml"
 # each tool over one small case per kernel file: the sanitizers slow kernels 10-100x. CuPy's
 # memory pool is off there (TINYLOOP_TEST_NO_MEMORY_POOL, tests/kernel_device.py): sub-allocated
@@ -63,7 +64,8 @@ or (test_kv_write_int4h and 128) or (test_rope and 65) or test_top_k_edges or te
 or (test_rows_kernel_equals_twin and float16-16) or (test_tensor_core_kernel_close and int4-float16) \
 or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17) \
 or (test_splits_of_several_batches and 1-150-1280-17) or (test_one_kv_write_for_several and int8) \
-or (test_one_attention_launch_for_several and 70-int4-h) or (test_a_folded_kv_write and 5-64-2-64-300-None-True-int4-h)"
+or (test_one_attention_launch_for_several and 70-int4-h) or (test_a_folded_kv_write and 5-64-2-64-300-None-True-int4-h) \
+or (test_the_pair_gives_the_bits_of_the_two_launches and rms-False-False-1-256-192-300-None)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '
         command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer: not on this machine"; exit 3; }
@@ -71,7 +73,7 @@ for tool in memcheck racecheck synccheck initcheck; do
             env TINYLOOP_TEST_DEVICE=cuda TINYLOOP_TEST_NO_MEMORY_POOL=1 \
             python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_attention.py tests/test_cuda_kv.py \
             tests/test_cuda_linear.py tests/test_cuda_linear_mma.py tests/test_cuda_elementwise.py \
-            tests/test_cuda_sampling.py tests/test_cuda_batch.py tests/test_cuda_kv_fold.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
+            tests/test_cuda_sampling.py tests/test_cuda_batch.py tests/test_cuda_kv_fold.py tests/test_cuda_pair.py -k "$0" 2>&1 | tee /tmp/sanitize.log; rc=${PIPESTATUS[0]}
         grep -q "Device not supported" /tmp/sanitize.log && { echo "compute-sanitizer refuses this device"; exit 3; }
         exit $rc' "$SANITIZE_TESTS"
 done
@@ -82,8 +84,9 @@ stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cache
 # five cases of the reduced exactness set with the CUDA backend as the default device: on an H200 a
 # case took ~23 s (tiny random models, launched from Python), the whole reduced set ~9 minutes; the
 # backend stage above already runs the CUDA backend's own speculation and tree exactness tests
-# with plain launches, so this one launches with programmatic dependent launch
-stage exactness 150 env TINYLOOP_DEVICE=cuda TINYLOOP_CUDA_PDL=1 python3 -m pytest -q -p no:cacheprovider -m exactness \
+# with plain launches, so this one launches with programmatic dependent launch and the out and up
+# projections paired (TINYLOOP_CUDA_PAIR=1: the grid-internal wait under real concurrency)
+stage exactness 150 env TINYLOOP_DEVICE=cuda TINYLOOP_CUDA_PDL=1 TINYLOOP_CUDA_PAIR=1 python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml" \
     -k "plain_generation[0] or plain_generation[4] or one_branch_tree_is_the_chain or each_path[0] or each_path[18]"
 stage bench 110 python3 scripts/bench_gpu.py --quick --out "$REPORT"

@@ -168,6 +168,7 @@ def test_serve_batching_flags_and_variables(serve_settings, monkeypatch):
     ("TINYLOOP_CUDA_GRAPHS", "maybe", "TINYLOOP_CUDA_GRAPHS must be 1 or 0, got 'maybe'"),     # was "on"
     ("TINYLOOP_CUDA_MMA_ROWS", "yes please", "TINYLOOP_CUDA_MMA_ROWS must be 1 or 0, got 'yes please'"),
     ("TINYLOOP_CUDA_PDL", "fast", "TINYLOOP_CUDA_PDL must be 1 or 0, got 'fast'"),
+    ("TINYLOOP_CUDA_PAIR", "both", "TINYLOOP_CUDA_PAIR must be 1 or 0, got 'both'"),
 ])
 def test_numeric_settings_name_the_variable_and_the_rule(monkeypatch, name, value, message):
     from asgi.settings import Settings

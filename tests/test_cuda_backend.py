@@ -666,6 +666,29 @@ def test_bench_gpu_times_the_decode_step_with_the_kv_write_folded_and_apart(tiny
     assert backend.fuses_kv_write is True
 
 
+def test_bench_gpu_times_the_decode_step_with_the_pair_and_without(tiny_files, monkeypatch):
+    """scripts/bench_gpu.py's pair stage (toggled_figures on fuses_pair) times the decode graph with
+    the out and up projections as one launch, then as two, compares the two steps' bits and
+    leaves the attribute as TINYLOOP_CUDA_PAIR set it (off by default; on with 1)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_gpu
+    assert cuda_backend().fuses_pair is False
+    monkeypatch.setenv("TINYLOOP_CUDA_PAIR", "1")
+    backend = cuda_backend(graphs=True)
+    assert backend.fuses_pair is True
+    model = load_model(tiny_files["tiny-looped int4"], backend).model
+    seen = []
+
+    class Clock:
+        def replays(self, replay, n):
+            seen.append(backend.fuses_pair)
+            return 3e-6 if backend.fuses_pair else 4e-6
+    figures = bench_gpu.toggled_figures(Clock(), model, "fuses_pair", 2, 70, 1)
+    assert seen == [True, False]
+    assert figures["same_bits"] is True and figures["on_over_off"] == 0.75
+    assert backend.fuses_pair is True
+
+
 def test_bench_gpu_times_the_decode_step_with_dependent_launch_and_without(tiny_files):
     """scripts/bench_gpu.py's dependent_launch stage times the decode graph of two copies of one
     model (on a GPU: one device launching plainly, one with programmatic dependent launch) side by
@@ -849,6 +872,42 @@ def test_the_fused_swiglu_gives_the_unfused_models_bits(tiny_files, preset, acti
         results.append(np.concatenate(rows))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     assert decode_swiglus[0] == 0 and decode_swiglus[1] > 0, decode_swiglus
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset,activations,graphs", [("tiny-looped int4", "fp32", False),
+                                                       ("tiny-looped-gpt int4", "fp16", True)])
+def test_the_paired_out_and_up_projections_give_the_unpaired_models_bits(tiny_files, preset, activations, graphs):
+    """The out projection's residual add and the MLP's norm-linear in one launch (fuses_pair, the
+    default: linear_rows_pair_int4, the second call's blocks waiting for the first's) against the
+    two launches (the attribute off on one backend): the same logits bit for bit for a prefill
+    (bulk: two launches), three decode steps and a 5-row verify-shaped forward, on an RMS/SwiGLU
+    and a layer-norm/GELU model, float and half activations, eager and as captured graphs. A
+    paired decode step makes one pair launch a layer instance, and two rows launches fewer."""
+    results, launches = [], []
+    for paired in (True, False):
+        backend = cuda_backend(activations=activations, graphs=graphs)
+        backend.fuses_pair = paired
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files[preset], backend).model
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
+        cache = model.new_cache(len(prompt) + 12, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        before = dict(counts)
+        rows.append(backend.to_host(model.forward([7], [len(prompt)], cache, loops)))
+        launches.append({k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)})
+        for position in range(len(prompt) + 1, len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
+        start = len(prompt) + 3
+        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
+        results.append(np.concatenate(rows))
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    paired, apart = launches
+    pairs = paired.get("linear_rows_pair_int4", 0)
+    assert pairs > 0 and "linear_rows_pair_int4" not in apart, (paired, apart)
+    assert apart["linear_rows_int4"] - paired["linear_rows_int4"] == 2 * pairs, (paired, apart)
 
 
 @pytest.mark.exactness

@@ -197,3 +197,27 @@ def test_a_swiglu_models_step_stages_the_gate_in_the_down_projection():
     assert sum(c for b, c in fused.values()) == 153
     doc = {k for k, _, _ in cuda_estimates.step_rows(cuda_estimates.SHAPES["doc-407m (8 loops)"])}
     assert "linear_rows down (+ residual)" in doc and cuda_estimates.DOWN_SWIGLU not in doc   # GELU: nothing to stage
+
+
+def test_the_paired_step_counts_the_up_projection_without_a_launch():
+    """With the pair (TINYLOOP_CUDA_PAIR=1, int4 weights on the fused path) the up projection
+    moves the same bytes but launches nothing of its own: doc-407m 173 -> 139 launches a step (one
+    a layer instance fewer, 34), SmolLM2 153 -> 123; its time pays the handoff, two round trips,
+    instead of the launch gap. Off (the default), or on the tensor-core rows (no fold), nothing
+    pairs."""
+    for name, instances, plain_launches in (("doc-407m (8 loops)", 34, 173), ("SmolLM2-135M", 30, 153)):
+        shape = cuda_estimates.SHAPES[name]
+        plain, paired = cuda_estimates.step_rows(shape), cuda_estimates.step_rows(shape, paired=True)
+        assert cuda_estimates.launches(plain) == plain_launches
+        assert cuda_estimates.launches(paired) == plain_launches - instances
+        assert sum(b * c for _, b, c in plain) == sum(b * c for _, b, c in paired)
+        assert cuda_estimates.step_rows(shape, fused_norm=False, paired=True) == \
+            cuda_estimates.step_rows(shape, fused_norm=False)
+        timed = {r["kernel"]: r for r in cuda_estimates.latency_rows(shape, paired=True)}
+        apart = {r["kernel"]: r for r in cuda_estimates.latency_rows(shape)}
+        up = cuda_estimates.UP_PAIRED if shape["mlp"] == "swiglu" else cuda_estimates.UP_PAIRED_GELU
+        up_apart = "linear_rows up" + ("" if shape["mlp"] == "swiglu" else " (+ GELU)")
+        handoff = 2 * cuda_estimates.LATENCY_S - cuda_estimates.LAUNCH_GAP_S
+        assert timed[up]["us"] - apart[up_apart]["us"] == pytest.approx(handoff * 1e6)
+    int8 = dict(cuda_estimates.SHAPES["doc-407m (8 loops)"], core_bits=8)
+    assert cuda_estimates.launches(cuda_estimates.step_rows(int8, paired=True)) == 173   # no int8 pair

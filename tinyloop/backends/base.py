@@ -60,6 +60,10 @@ class Backend(abc.ABC):
     # the SwiGLU inside the exact down projection that reads it (swiglu_linear: the CUDA rows
     # kernels stage swiglu(up): one launch fewer per layer); else swiglu, then the linear
     fuses_swiglu: bool = False
+    # the out projection's residual add and the MLP's norm-linear after it in one launch
+    # (residual_norm_linear: the CUDA rows pair, whose second call waits for the first's blocks);
+    # else the two calls
+    fuses_pair: bool = False
 
     @property
     def linear_input_dtype(self):
@@ -163,6 +167,15 @@ class Backend(abc.ABC):
         x = (self.rms_norm(h, norm_weight, eps, True) if norm == "rmsnorm"
              else self.layer_norm(h, norm_weight, norm_bias, eps, True))
         return self.linear_gelu(x, weight, exact) if gelu else self.linear(x, weight, exact)
+
+    def residual_norm_linear(self, x, projection, h, norm: str, norm_weight, norm_bias, eps: float, weight,
+                             exact: bool, gelu: bool = False):
+        """(h2, y) with h2 = linear(x, projection, exact, residual=h) and y = norm_linear(h2, norm,
+        norm_weight, norm_bias, eps, weight, exact, gelu): a sublayer's residual add and the
+        norm-linear that opens the next, the bits of the two calls. Backends with fuses_pair do
+        it in one launch for exact calls."""
+        h2 = self.linear(x, projection, exact, residual=h)
+        return h2, self.norm_linear(h2, norm, norm_weight, norm_bias, eps, weight, exact, gelu)
 
     # -- the KV cache --------------------------------------------------------------------------
     @abc.abstractmethod

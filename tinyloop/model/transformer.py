@@ -152,15 +152,21 @@ class LoopedTransformer:
         attn = attn.reshape(n_tokens, c.q_dim)
         if capture:
             capture("out", attn)
-        h = self._residual(h, attn, weights.out, weights.attn_post_norm, rows)
+        gelu = c.mlp != "swiglu"                                           # GELU in the up projection's call
+        if self._fuses_pair_call(rows, capture):     # h + out(attn) and the MLP's norm-linear in one launch
+            weight_n, bias_n = weights.mlp_norm
+            h, up = b.residual_norm_linear(attn, weights.out, h, c.norm, weight_n, bias_n, c.norm_eps, weights.up,
+                                           True, gelu)
+        else:
+            h = self._residual(h, attn, weights.out, weights.attn_post_norm, rows)
+            up = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up", gelu=gelu)
 
-        if c.mlp == "swiglu":
-            up = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up")   # (T, 2 ffn)
+        if gelu:
+            act = up
+        else:                                                              # up: (T, 2 ffn) = [gate | up]
             if self._fuses_swiglu_call(rows, capture):      # h + down(swiglu(up)) in one launch
                 return b.swiglu_linear(up, c.ffn_dim, weights.down, True, residual=h)
             act = b.swiglu(up, c.ffn_dim)
-        else:                                                                  # GELU in the linear's call
-            act = self.norm_linear_rows(h, weights.mlp_norm, weights.up, rows, capture, "up", gelu=True)
         if capture:
             capture("down", act)
         return self._residual(h, act, weights.down, weights.mlp_post_norm, rows)
@@ -205,6 +211,12 @@ class LoopedTransformer:
         """Whether the down projection takes the SwiGLU inside one exact call (fuses_swiglu), its
         residual add with it: no sandwich norm after it, no capture of its input (the quantizer)."""
         return (self.backend.fuses_swiglu and self._one_exact_call(rows, capture)
+                and self.config.post_norm not in ("branch", "sum"))
+
+    def _fuses_pair_call(self, rows: Rows, capture=None) -> bool:
+        """Whether the out projection's residual add and the MLP's norm-linear are one backend call
+        (fuses_pair): both fused calls one exact call, no sandwich norm between them."""
+        return (self.backend.fuses_pair and self._fuses_norm_call(rows, capture)
                 and self.config.post_norm not in ("branch", "sum"))
 
     def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",

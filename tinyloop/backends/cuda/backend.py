@@ -58,6 +58,15 @@ def mma_rows_enabled() -> bool:
     return env_flag(os.environ, "TINYLOOP_CUDA_MMA_ROWS", False)
 
 
+def pair_enabled() -> bool:
+    """TINYLOOP_CUDA_PAIR: the out projection and the MLP's norm-linear after it in one launch
+    (cuda/linear.cu linear_rows_pair_int4: its second call's blocks wait on the first's, which
+    only a GPU shows hold no deadlock and no stale read); off by default until scripts/gpu_check.sh
+    has run it on a device and bench_gpu.py's pair_1k stage has timed it (README, "On a GPU"); a
+    typo is an error (asgi/settings.py checks it at start)."""
+    return env_flag(os.environ, "TINYLOOP_CUDA_PAIR", False)
+
+
 @dataclass
 class DevicePlan:
     """A forward's per-step values on the device (int32), uploaded once per forward."""
@@ -83,7 +92,8 @@ class CudaBackend(Backend):
     # tokens/s (cuda/README.md, "Measured on an H200").
     default_max_running = 32
 
-    def __init__(self, device, graphs: bool | None = None, activations: str = "fp32", mma_rows: bool | None = None):
+    def __init__(self, device, graphs: bool | None = None, activations: str = "fp32", mma_rows: bool | None = None,
+                 pair: bool | None = None):
         self.device = device
         self.xp = device.xp
         self.description = "cuda"
@@ -92,6 +102,8 @@ class CudaBackend(Backend):
         self.graphs = graphs_enabled() if graphs is None else graphs
         # exact int4 linears on tensor cores: asked for (TINYLOOP_CUDA_MMA_ROWS), and sm_80+
         self.mma_rows = (mma_rows_enabled() if mma_rows is None else mma_rows) and self.tensor_cores
+        # the out projection and the MLP's norm-linear in one launch (int4 weights): asked for
+        self.fuses_pair = pair_enabled() if pair is None else pair
         self._mma_path = None            # the MmaPath every exact linear call takes, made once
         # the rows linear's decode calls on at most this many column blocks (the blocks the device
         # holds at once: launch/linear.py column_block_cap); None: a block per 8 columns
@@ -284,6 +296,20 @@ class CudaBackend(Backend):
                                None if norm == "rmsnorm" else norm_bias, eps,
                                self.linear_input_dtype == np.float16)
         return self.linear(h, weight, exact, activation="gelu" if gelu else None, norm=fold, kv=kv)
+
+    def residual_norm_linear(self, x, projection, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False):
+        if self.mma_rows or not (exact and self.fuses_pair and linear.pair_supported(projection, weight)):
+            return super().residual_norm_linear(x, projection, h, norm, norm_weight, norm_bias, eps, weight, exact,
+                                                gelu)
+        h2 = self._empty((x.shape[0], projection.out_features), np.float32)
+        out = self._empty((x.shape[0], weight.out_features), self.linear_input_dtype if gelu else np.float32)
+        fold = linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
+                               None if norm == "rmsnorm" else norm_bias, eps,
+                               self.linear_input_dtype == np.float16)
+        chain = self._kept("pair counters", linear.PAIR_COUNTERS, np.uint32, zeros=True)
+        return linear.linear_pair(self._module("linear"), linear.PairCall(x, projection, h2, residual=h),
+                                  linear.PairCall(h2, weight, out, activation="gelu" if gelu else None, norm=fold),
+                                  chain, self.column_block_cap)
 
     def kv_fold(self, parts, holder, rope, k_offset, v_offset):
         storage = parts[0][2]

@@ -132,6 +132,15 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     kv: a KvFold (exact calls on the rows kernels only, a float32 out, no activation): the KV
     write of the keys and values among out's columns, done by the warps that finish them (the
     bits of kv.kv_write after this call, one launch fewer)."""
+    for launch in _checked_launches(module, x, packed, out, exact, tc_module, residual, activation, mma,
+                                    column_block_cap, norm, kv):
+        launch.run()
+    return out
+
+
+def _checked_launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap, norm,
+                      kv) -> list:
+    """linear()'s checks (a ValueError before anything is launched), then its launches."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)} or None, "
                          f"got {activation!r}")
@@ -169,12 +178,34 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
         if may_overlap(residual, out):
             raise ValueError("residual and out must not overlap (each output is written as it is summed)")
     if n_rows == 0:
-        return out
+        return []
+    return _launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap,
+                     norm, kv, x_half, y_half, x_stride, y_stride, residual_stride)
+
+
+@dataclass
+class _Launch:
+    module: object
+    name: str
+    grid: tuple
+    block: tuple
+    args: tuple
+    rows_kernel: str = ""          # the segment's rows kernel kind ("int4"...), "" on another path
+
+    def run(self) -> None:
+        self.module.get_function(self.name)(self.grid, self.block, self.args)
+
+
+def _launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap, norm, kv,
+              x_half, y_half, x_stride, y_stride, residual_stride) -> list:
+    """The launches of a checked call, one a segment, in order (none yet made)."""
+    n_rows = x.shape[0]
     bulk = not exact and n_rows >= BULK_MIN_ROWS
     tensor_cores = bulk and x_half and tc_module is not None
     for seg in packed.segments:     # every check before the first launch: a call stopped halfway
         if not bulk and not (mma is not None and mma_eligible(seg)):    # would leave a fold's counters
             check_group_lookup(seg)
+    launches = []
     for seg in packed.segments:
         if seg.out_features == 0:
             continue
@@ -215,10 +246,62 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
         if on_mma:
             partials = mma.scratch(splits * n_rows * seg.out_features) if splits > 1 else any_float
             args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k))
-            mma.module.get_function(name)(grid, block, args)
+            launches.append(_Launch(mma.module, name, grid, block, args))
             continue
-        (tc_module if tensor_cores else module).get_function(name)(grid, block, args)
-    return out
+        launches.append(_Launch(tc_module if tensor_cores else module, name, grid, block, args,
+                                "" if bulk else seg.kernel))
+    return launches
+
+
+PAIR_KERNELS = ("int4",)       # cuda/linear.cu linear_rows_pair_*: int4 codes, half scales and mins
+PAIR_COUNTERS = 3              # chain[0..2]: tickets, the first call's blocks done, the second's
+
+
+@dataclass
+class PairCall:
+    """One exact call of linear_pair: linear()'s x, packed, out, residual, activation and norm."""
+    x: object
+    packed: PackedLinear
+    out: object
+    residual: object = None
+    activation: str | None = None
+    norm: NormFold | None = None
+
+
+def pair_supported(first: PackedLinear, second: PackedLinear) -> bool:
+    """Whether linear_pair runs these two weights as one launch: each one segment of a kind with
+    a pair kernel (PAIR_KERNELS), both the same kind."""
+    kinds = []
+    for packed in (first, second):
+        segments = [seg for seg in packed.segments if seg.out_features]
+        if len(segments) != 1:
+            return False
+        kinds.append(segments[0].kernel)
+    return kinds[0] == kinds[1] and kinds[0] in PAIR_KERNELS
+
+
+def linear_pair(module, first: PairCall, second: PairCall, chain, column_block_cap: int | None = None):
+    """linear(first), then linear(second), exact, on the rows kernels, in one launch (cuda/linear.cu
+    linear_rows_pair_*): the second call may read what the first writes (the MLP's norm-linear
+    reading the residual stream the out projection's residual add leaves). Every output has the
+    bits the two launches give it. chain: PAIR_COUNTERS uint32 zeros on the device, which every
+    launch leaves zero (one buffer for every pair: one stream orders them)."""
+    if not pair_supported(first.packed, second.packed):
+        raise ValueError(f"linear_pair runs two one-segment weights of one kind among {list(PAIR_KERNELS)}")
+    if chain.dtype != np.uint32 or chain.ndim != 1 or chain.shape[0] < PAIR_COUNTERS:
+        raise ValueError(f"chain must be {PAIR_COUNTERS} uint32 counters, got {chain.dtype} {chain.shape}")
+    launches = [_checked_launches(module, c.x, c.packed, c.out, True, None, c.residual, c.activation, None,
+                                  column_block_cap, c.norm, None) for c in (first, second)]
+    if not all(launches):                # a call of no rows: the other alone
+        for launch in launches[0] + launches[1]:
+            launch.run()
+        return first.out, second.out
+    (a,), (b,) = launches
+    blocks0, blocks1 = a.grid[0] * a.grid[1], b.grid[0] * b.grid[1]
+    module.get_function(f"linear_rows_pair_{a.rows_kernel}")(
+        (blocks0 + blocks1,), (ROWS_THREADS,),
+        a.args + b.args + (np.int32(blocks0), np.int32(a.grid[0]), np.int32(b.grid[0]), chain))
+    return first.out, second.out
 
 
 def swiglu_fold_supported(packed: PackedLinear) -> bool:
