@@ -42,8 +42,8 @@ struct LinearArgs {
     // where this block is in the call's grid: blockIdx.x, blockIdx.y, gridDim.x for a call of its
     // own; the ticket's place for a call chained after another in one launch (linear.cu, the pair)
     int block_x; int block_y; int grid_x;
-    // a call chained after another in one launch waits, once its first weights are in flight, until
-    // *chain_done counts chain_wait blocks of the call before it (chain_wait 0: no wait)
+    // a call chained after another in one launch waits, before anything, until *chain_done counts
+    // chain_wait blocks of the call before it (chain_wait 0: no wait; linear_rows.cuh chain_wait)
     const unsigned int* chain_done; unsigned int chain_wait;
 };
 

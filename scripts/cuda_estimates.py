@@ -60,7 +60,7 @@ def packed_linear_bytes(n_in: int, n_out: int, bits: int, bias: bool) -> int:
 
 QKV_FOLDED = "linear_rows qkv (+ the KV write, RoPE of the keys)"
 DOWN_SWIGLU = "linear_rows down (+ SwiGLU, residual)"
-# The out projection and the up projection after it in one launch (linear.cu linear_rows_pair_int4:
+# The out projection and the up projection after it in one launch (linear_pair.cu linear_rows_pair_int4:
 # the up blocks wait for the out blocks' count): the up row launches nothing of its own.
 OUT_PAIRED = "linear_rows_pair out (+ residual)"
 UP_PAIRED = "linear_rows_pair up, after out's blocks (no launch)"

@@ -15,8 +15,9 @@
 #    and against every Hugging Face layout's golden logits (tests/test_hf_import.py), with
 #    programmatic dependent launch against plain launches bit for bit; then five cases of the
 #    reduced exactness suite with the CUDA backend as the default device (TINYLOOP_DEVICE=cuda),
-#    launching with programmatic dependent launch (TINYLOOP_CUDA_PDL=1; ignored below sm_90) and
-#    the out and up projections as one launch (TINYLOOP_CUDA_PAIR=1).
+#    launching with programmatic dependent launch (TINYLOOP_CUDA_PDL=1; ignored below sm_90).
+#    The out and up projections as one launch (TINYLOOP_CUDA_PAIR=1) run in the kernels stage
+#    (tests/test_cuda_pair.py: the wait under real concurrency) and the backend stage.
 #    compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a few device tests
 #    of each kernel file (SANITIZE_TESTS below); a machine whose sanitizer refuses the device
 #    (gVisor: "Device not supported") or has none records the stage as unavailable (exit 3).
@@ -84,9 +85,8 @@ stage backend 120 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cache
 # five cases of the reduced exactness set with the CUDA backend as the default device: on an H200 a
 # case took ~23 s (tiny random models, launched from Python), the whole reduced set ~9 minutes; the
 # backend stage above already runs the CUDA backend's own speculation and tree exactness tests
-# with plain launches, so this one launches with programmatic dependent launch and the out and up
-# projections paired (TINYLOOP_CUDA_PAIR=1: the grid-internal wait under real concurrency)
-stage exactness 150 env TINYLOOP_DEVICE=cuda TINYLOOP_CUDA_PDL=1 TINYLOOP_CUDA_PAIR=1 python3 -m pytest -q -p no:cacheprovider -m exactness \
+# with plain launches, so this one launches with programmatic dependent launch
+stage exactness 150 env TINYLOOP_DEVICE=cuda TINYLOOP_CUDA_PDL=1 python3 -m pytest -q -p no:cacheprovider -m exactness \
     --exactness-reduced tests/test_speculative.py tests/test_tree_verify.py --junitxml "$REPORT/exactness.xml" \
     -k "plain_generation[0] or plain_generation[4] or one_branch_tree_is_the_chain or each_path[0] or each_path[18]"
 stage bench 110 python3 scripts/bench_gpu.py --quick --out "$REPORT"

@@ -812,6 +812,36 @@ def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_fi
 
 
 
+def fold_on_and_off(tiny_files, preset, attribute, activations="fp32", graphs=False, kv_mode=None):
+    """The same model file on two CUDA backends, the fold `attribute` on, then off: each runs a
+    prefill, three decode steps and a 5-row verify-shaped forward. -> [(logits of all of them,
+    launches by kernel during the three decode steps, the KV pool's bytes) for on, for off]."""
+    runs = []
+    for on in (True, False):
+        backend = cuda_backend(activations=activations, graphs=graphs)
+        setattr(backend, attribute, on)
+        counts, original = {}, backend._module
+        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
+        model = load_model(tiny_files[preset], backend, **({"kv_mode": kv_mode} if kv_mode else {})).model
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
+        cache = model.new_cache(len(prompt) + 12, loops)
+        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
+        before = dict(counts)
+        for position in range(len(prompt), len(prompt) + 3):
+            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
+        decode = {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)}
+        start = len(prompt) + 3
+        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
+        pool = [backend.to_host(a).view(np.uint8).copy() for a in cache.storage.pool.arrays()]
+        runs.append((np.concatenate(rows), decode, pool))
+    return runs
+
+
+def same_bits(a, b) -> bool:
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.exactness
 @pytest.mark.parametrize("preset,activations", [("tiny-looped", "fp32"), ("tiny-looped-gpt", "fp32"),
                                                 ("tiny-looped int4", "fp16"), ("tiny-looped-gpt int4", "fp16")])
@@ -821,26 +851,11 @@ def test_the_fused_norm_gives_the_unfused_models_bits(tiny_files, preset, activa
     bit for bit for a prefill, three decode steps and a 5-row verify-shaped forward, on an RMS
     and SwiGLU model and a layer-norm (with bias) and GELU one, float and half activations. The
     fused decode step launches no norm kernel at all (the final norm rides on the head)."""
-    results, decode_norms = [], []
-    for fused in (True, False):
-        backend = cuda_backend(activations=activations)
-        backend.fuses_norm = fused
-        counts, original = {}, backend._module
-        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
-        model = load_model(tiny_files[preset], backend).model
-        loops = model.config.default_loops
-        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
-        cache = model.new_cache(len(prompt) + 12, loops)
-        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
-        before = {k: v for k, v in counts.items() if k in ("rms_norm", "layer_norm")}
-        for position in range(len(prompt), len(prompt) + 3):
-            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
-        decode_norms.append(sum(counts.get(k, 0) for k in ("rms_norm", "layer_norm")) - sum(before.values()))
-        start = len(prompt) + 3
-        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
-        results.append(np.concatenate(rows))
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
-    assert decode_norms[0] == 0 and decode_norms[1] > 0, decode_norms
+    (fused, fused_launches, _), (apart, apart_launches, _) = fold_on_and_off(tiny_files, preset, "fuses_norm",
+                                                                             activations)
+    assert same_bits(fused, apart)
+    norms = [sum(launches.get(k, 0) for k in ("rms_norm", "layer_norm")) for launches in (fused_launches, apart_launches)]
+    assert norms[0] == 0 and norms[1] > 0, norms
 
 
 @pytest.mark.exactness
@@ -851,63 +866,28 @@ def test_the_fused_swiglu_gives_the_unfused_models_bits(tiny_files, preset, acti
     same logits bit for bit for a prefill (bulk: the swiglu keeps its launch), three decode steps
     and a 5-row verify-shaped forward, float and half activations, eager and as captured graphs.
     A fused decode step launches no swiglu at all."""
-    results, decode_swiglus = [], []
-    for fused in (True, False):
-        backend = cuda_backend(activations=activations, graphs=graphs)
-        backend.fuses_swiglu = fused
-        counts, original = {}, backend._module
-        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
-        model = load_model(tiny_files[preset], backend).model
-        assert model.config.mlp == "swiglu"
-        loops = model.config.default_loops
-        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
-        cache = model.new_cache(len(prompt) + 12, loops)
-        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
-        before = counts.get("swiglu", 0)
-        for position in range(len(prompt), len(prompt) + 3):
-            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
-        decode_swiglus.append(counts.get("swiglu", 0) - before)
-        start = len(prompt) + 3
-        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
-        results.append(np.concatenate(rows))
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
-    assert decode_swiglus[0] == 0 and decode_swiglus[1] > 0, decode_swiglus
+    (fused, fused_launches, _), (apart, apart_launches, _) = fold_on_and_off(tiny_files, preset, "fuses_swiglu",
+                                                                             activations, graphs)
+    assert same_bits(fused, apart)
+    assert fused_launches.get("swiglu", 0) == 0 and apart_launches.get("swiglu", 0) > 0
 
 
 @pytest.mark.exactness
 @pytest.mark.parametrize("preset,activations,graphs", [("tiny-looped int4", "fp32", False),
                                                        ("tiny-looped-gpt int4", "fp16", True)])
 def test_the_paired_out_and_up_projections_give_the_unpaired_models_bits(tiny_files, preset, activations, graphs):
-    """The out projection's residual add and the MLP's norm-linear in one launch (fuses_pair, the
-    default: linear_rows_pair_int4, the second call's blocks waiting for the first's) against the
+    """The out projection's residual add and the MLP's norm-linear in one launch (fuses_pair on:
+    linear_rows_pair_int4, the second call's blocks waiting for the first's) against the
     two launches (the attribute off on one backend): the same logits bit for bit for a prefill
     (bulk: two launches), three decode steps and a 5-row verify-shaped forward, on an RMS/SwiGLU
     and a layer-norm/GELU model, float and half activations, eager and as captured graphs. A
     paired decode step makes one pair launch a layer instance, and two rows launches fewer."""
-    results, launches = [], []
-    for paired in (True, False):
-        backend = cuda_backend(activations=activations, graphs=graphs)
-        backend.fuses_pair = paired
-        counts, original = {}, backend._module
-        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
-        model = load_model(tiny_files[preset], backend).model
-        loops = model.config.default_loops
-        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
-        cache = model.new_cache(len(prompt) + 12, loops)
-        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
-        before = dict(counts)
-        rows.append(backend.to_host(model.forward([7], [len(prompt)], cache, loops)))
-        launches.append({k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)})
-        for position in range(len(prompt) + 1, len(prompt) + 3):
-            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
-        start = len(prompt) + 3
-        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
-        results.append(np.concatenate(rows))
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
-    paired, apart = launches
-    pairs = paired.get("linear_rows_pair_int4", 0)
-    assert pairs > 0 and "linear_rows_pair_int4" not in apart, (paired, apart)
-    assert apart["linear_rows_int4"] - paired["linear_rows_int4"] == 2 * pairs, (paired, apart)
+    (paired, paired_launches, _), (apart, apart_launches, _) = fold_on_and_off(tiny_files, preset, "fuses_pair",
+                                                                               activations, graphs)
+    assert same_bits(paired, apart)
+    pairs = paired_launches.get("linear_rows_pair_int4", 0)
+    assert pairs > 0 and "linear_rows_pair_int4" not in apart_launches, (paired_launches, apart_launches)
+    assert apart_launches["linear_rows_int4"] - paired_launches["linear_rows_int4"] == 2 * pairs
 
 
 @pytest.mark.exactness
@@ -920,27 +900,10 @@ def test_the_folded_kv_write_gives_the_unfolded_models_bits(tiny_files, preset, 
     write keeps its launch), three decode steps and a 5-row verify-shaped forward, eager and as
     captured graphs, on an RMS/SwiGLU and a layer-norm/GELU model. A folded decode step launches
     no kv_write at all."""
-    results, pools, decode_writes = [], [], []
-    for folded in (True, False):
-        backend = cuda_backend(graphs=graphs)
-        backend.fuses_kv_write = folded
-        counts, original = {}, backend._module
-        backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
-        model = load_model(tiny_files[preset], backend, kv_mode=mode).model
-        loops = model.config.default_loops
-        prompt = [5, 17, 42, 9, 3, 88, 120, 7, 64, 31, 2, 200] * 3
-        cache = model.new_cache(len(prompt) + 12, loops)
-        rows = [backend.to_host(prefill(model, prompt, cache, loops))]
-        writes = lambda: sum(v for k, v in counts.items() if k.startswith("kv_write_"))
-        before = writes()
-        for position in range(len(prompt), len(prompt) + 3):
-            rows.append(backend.to_host(model.forward([7], [position], cache, loops)))
-        decode_writes.append(writes() - before)
-        start = len(prompt) + 3
-        rows.append(backend.to_host(model.forward([7, 8, 9, 10, 11], list(range(start, start + 5)), cache, loops)))
-        results.append(np.concatenate(rows))
-        pools.append([backend.to_host(a).view(np.uint8).copy() for a in cache.storage.pool.arrays()])
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
-    for folded, apart in zip(*pools):
-        assert np.array_equal(folded, apart)
-    assert decode_writes[0] == 0 and decode_writes[1] > 0, decode_writes
+    (folded, folded_launches, folded_pool), (apart, apart_launches, apart_pool) = fold_on_and_off(
+        tiny_files, preset, "fuses_kv_write", graphs=graphs, kv_mode=mode)
+    assert same_bits(folded, apart)
+    for a, b in zip(folded_pool, apart_pool):
+        assert np.array_equal(a, b)
+    writes = [sum(v for k, v in launches.items() if k.startswith("kv_write_")) for launches in (folded_launches, apart_launches)]
+    assert writes[0] == 0 and writes[1] > 0, writes

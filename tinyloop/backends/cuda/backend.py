@@ -60,7 +60,7 @@ def mma_rows_enabled() -> bool:
 
 def pair_enabled() -> bool:
     """TINYLOOP_CUDA_PAIR: the out projection and the MLP's norm-linear after it in one launch
-    (cuda/linear.cu linear_rows_pair_int4: its second call's blocks wait on the first's, which
+    (cuda/linear_pair.cu linear_rows_pair_int4: its second call's blocks wait on the first's, which
     only a GPU shows hold no deadlock and no stale read); off by default until scripts/gpu_check.sh
     has run it on a device and bench_gpu.py's pair_1k stage has timed it (README, "On a GPU"); a
     typo is an error (asgi/settings.py checks it at start)."""
@@ -307,7 +307,7 @@ class CudaBackend(Backend):
                                None if norm == "rmsnorm" else norm_bias, eps,
                                self.linear_input_dtype == np.float16)
         chain = self._kept("pair counters", linear.PAIR_COUNTERS, np.uint32, zeros=True)
-        return linear.linear_pair(self._module("linear"), linear.PairCall(x, projection, h2, residual=h),
+        return linear.linear_pair(self._module("linear_pair"), linear.PairCall(x, projection, h2, residual=h),
                                   linear.PairCall(h2, weight, out, activation="gelu" if gelu else None, norm=fold),
                                   chain, self.column_block_cap)
 

@@ -253,7 +253,7 @@ def _launches(module, x, packed, out, exact, tc_module, residual, activation, mm
     return launches
 
 
-PAIR_KERNELS = ("int4",)       # cuda/linear.cu linear_rows_pair_*: int4 codes, half scales and mins
+PAIR_KERNELS = ("int4",)       # cuda/linear_pair.cu linear_rows_pair_*: int4 codes, half scales and mins
 PAIR_COUNTERS = 3              # chain[0..2]: tickets, the first call's blocks done, the second's
 
 
@@ -281,11 +281,12 @@ def pair_supported(first: PackedLinear, second: PackedLinear) -> bool:
 
 
 def linear_pair(module, first: PairCall, second: PairCall, chain, column_block_cap: int | None = None):
-    """linear(first), then linear(second), exact, on the rows kernels, in one launch (cuda/linear.cu
+    """linear(first), then linear(second), exact, on the rows kernels, in one launch (cuda/linear_pair.cu
     linear_rows_pair_*): the second call may read what the first writes (the MLP's norm-linear
     reading the residual stream the out projection's residual add leaves). Every output has the
-    bits the two launches give it. chain: PAIR_COUNTERS uint32 zeros on the device, which every
-    launch leaves zero (one buffer for every pair: one stream orders them)."""
+    bits the two launches give it. module: the linear_pair module (compiled only where a pair
+    runs). chain: PAIR_COUNTERS uint32 zeros on the device, which every launch leaves zero (one
+    buffer for every pair: one stream orders them)."""
     if not pair_supported(first.packed, second.packed):
         raise ValueError(f"linear_pair runs two one-segment weights of one kind among {list(PAIR_KERNELS)}")
     if chain.dtype != np.uint32 or chain.ndim != 1 or chain.shape[0] < PAIR_COUNTERS:
