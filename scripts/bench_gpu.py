@@ -435,7 +435,7 @@ def toggled_figures(clock, model, attribute: str, loops: int, context: int, repl
     left as it was."""
     backend = model.backend
     original = getattr(backend, attribute)
-    prompt = [int(t) for t in np.random.default_rng(context).integers(3, model.config.vocab_size, context)]
+    prompt = context_prompt(model, context)
     out, logits = {"context": context}, []
     try:
         for on in (True, False):
@@ -463,7 +463,7 @@ def dependent_launch_figures(clock, plain, dependent, loops: int, context: int, 
     (the same model file on a device launching with programmatic dependent launch), side by
     side: each on a cache of its own, filled by the same prompt; the two steps' logits must be
     the same bits (every kernel waits for the previous grid before it touches memory)."""
-    prompt = [int(t) for t in np.random.default_rng(context).integers(3, plain.config.vocab_size, context)]
+    prompt = context_prompt(plain, context)
     out, logits = {"context": context}, []
     for label, model in (("plain", plain), ("dependent", dependent)):
         out[f"{label}_us"], step_logits = replayed_decode_step(clock, model, prompt, loops, replays)

@@ -646,22 +646,30 @@ def test_the_fused_gelu_gives_the_unfused_models_bits(tiny_files, monkeypatch):
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
 
 
+class ToggleClock:
+    """A stub of bench_gpu's EventClock for the on/off stages: records the backend's `attribute` at
+    each timing and answers on_s or off_s by it. (The harness's replay re-runs Python, which needs
+    the runner's inputs: the stub only records.)"""
+
+    def __init__(self, backend, attribute: str, on_s: float, off_s: float):
+        self.backend, self.attribute, self.on_s, self.off_s, self.seen = backend, attribute, on_s, off_s, []
+
+    def replays(self, replay, n):
+        on = getattr(self.backend, self.attribute)
+        self.seen.append(on)
+        return self.on_s if on else self.off_s
+
+
 def test_bench_gpu_times_the_decode_step_with_the_kv_write_folded_and_apart(tiny_files):
     """scripts/bench_gpu.py's kv_fold stage times the decode graph with the KV write folded, then
-    as a launch of its own, compares the two steps' bits and leaves the fold on. (The harness's
-    replay re-runs Python, which needs the runner's inputs: the stub clock only records.)"""
+    as a launch of its own, compares the two steps' bits and leaves the fold on."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import bench_gpu
     backend = cuda_backend(graphs=True)
     model = load_model(tiny_files["tiny-looped"], backend).model
-    seen = []
-
-    class Clock:
-        def replays(self, replay, n):
-            seen.append(backend.fuses_kv_write)
-            return 2e-6 if backend.fuses_kv_write else 4e-6
-    figures = bench_gpu.kv_fold_figures(Clock(), model, 2, 70, 1)
-    assert seen == [True, False]
+    clock = ToggleClock(backend, "fuses_kv_write", 2e-6, 4e-6)
+    figures = bench_gpu.kv_fold_figures(clock, model, 2, 70, 1)
+    assert clock.seen == [True, False]
     assert figures["same_bits"] is True and figures["folded_over_apart"] == 0.5
     assert backend.fuses_kv_write is True
 
@@ -677,14 +685,9 @@ def test_bench_gpu_times_the_decode_step_with_the_pair_and_without(tiny_files, m
     backend = cuda_backend(graphs=True)
     assert backend.fuses_pair is True
     model = load_model(tiny_files["tiny-looped int4"], backend).model
-    seen = []
-
-    class Clock:
-        def replays(self, replay, n):
-            seen.append(backend.fuses_pair)
-            return 3e-6 if backend.fuses_pair else 4e-6
-    figures = bench_gpu.toggled_figures(Clock(), model, "fuses_pair", 2, 70, 1)
-    assert seen == [True, False]
+    clock = ToggleClock(backend, "fuses_pair", 3e-6, 4e-6)
+    figures = bench_gpu.toggled_figures(clock, model, "fuses_pair", 2, 70, 1)
+    assert clock.seen == [True, False]
     assert figures["same_bits"] is True and figures["on_over_off"] == 0.75
     assert backend.fuses_pair is True
 

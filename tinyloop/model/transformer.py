@@ -210,14 +210,17 @@ class LoopedTransformer:
     def _fuses_swiglu_call(self, rows: Rows, capture=None) -> bool:
         """Whether the down projection takes the SwiGLU inside one exact call (fuses_swiglu), its
         residual add with it: no sandwich norm after it, no capture of its input (the quantizer)."""
-        return (self.backend.fuses_swiglu and self._one_exact_call(rows, capture)
-                and self.config.post_norm not in ("branch", "sum"))
+        return self.backend.fuses_swiglu and self._one_exact_call(rows, capture) and self._residual_in_linear()
 
     def _fuses_pair_call(self, rows: Rows, capture=None) -> bool:
         """Whether the out projection's residual add and the MLP's norm-linear are one backend call
         (fuses_pair): both fused calls one exact call, no sandwich norm between them."""
-        return (self.backend.fuses_pair and self._fuses_norm_call(rows, capture)
-                and self.config.post_norm not in ("branch", "sum"))
+        return self.backend.fuses_pair and self._fuses_norm_call(rows, capture) and self._residual_in_linear()
+
+    def _residual_in_linear(self) -> bool:
+        """Whether a sublayer's residual add goes into its projection's call (_residual): no
+        sandwich norm around it."""
+        return self.config.post_norm not in ("branch", "sum")
 
     def norm_linear_rows(self, h, norm_weights, weight, rows: Rows, capture=None, stage: str = "",
                          gelu: bool = False, kv=None):

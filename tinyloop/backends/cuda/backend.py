@@ -292,10 +292,14 @@ class CudaBackend(Backend):
     def norm_linear(self, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False, kv=None):
         if not exact or self.mma_rows:       # the bulk and tensor-core kernels take no norm
             return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu, kv)
-        fold = linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
-                               None if norm == "rmsnorm" else norm_bias, eps,
-                               self.linear_input_dtype == np.float16)
-        return self.linear(h, weight, exact, activation="gelu" if gelu else None, norm=fold, kv=kv)
+        return self.linear(h, weight, exact, activation="gelu" if gelu else None,
+                           norm=self._norm_fold(norm, norm_weight, norm_bias, eps), kv=kv)
+
+    def _norm_fold(self, norm, norm_weight, norm_bias, eps) -> linear.NormFold:
+        """The model's pre-norm ("rmsnorm" or "layernorm") as the rows kernels stage it, rounded to
+        half where the norm kernel's output would be (fp16 activations)."""
+        return linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
+                               None if norm == "rmsnorm" else norm_bias, eps, self.linear_input_dtype == np.float16)
 
     def residual_norm_linear(self, x, projection, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False):
         if self.mma_rows or not (exact and self.fuses_pair and linear.pair_supported(projection, weight)):
@@ -303,9 +307,7 @@ class CudaBackend(Backend):
                                                 gelu)
         h2 = self._empty((x.shape[0], projection.out_features), np.float32)
         out = self._empty((x.shape[0], weight.out_features), self.linear_input_dtype if gelu else np.float32)
-        fold = linear.NormFold("rms" if norm == "rmsnorm" else "layer", norm_weight,
-                               None if norm == "rmsnorm" else norm_bias, eps,
-                               self.linear_input_dtype == np.float16)
+        fold = self._norm_fold(norm, norm_weight, norm_bias, eps)
         chain = self._kept("pair counters", linear.PAIR_COUNTERS, np.uint32, zeros=True)
         return linear.linear_pair(self._module("linear_pair"), linear.PairCall(x, projection, h2, residual=h),
                                   linear.PairCall(h2, weight, out, activation="gelu" if gelu else None, norm=fold),
