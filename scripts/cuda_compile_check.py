@@ -4,6 +4,7 @@ each kernel's registers, shared memory and spills.
     python scripts/cuda_compile_check.py                 # NVRTC and nvcc where found; table to stdout
     python scripts/cuda_compile_check.py --write         # also rewrite cuda/RESOURCES.md
     python scripts/cuda_compile_check.py --require nvrtc,nvcc    # CI: a missing compiler fails too
+    python scripts/cuda_compile_check.py --jobs 1        # one compile at a time (default: one per CPU)
 
 NVRTC (what CuPy's RawModule uses at run time) is loaded with ctypes from a CUDA toolkit
 or the nvidia-cuda-nvrtc-cu12 wheel: it needs no GPU and no driver. nvcc -cubin -Xptxas -v
@@ -11,24 +12,34 @@ gives the resource figures. A compile error, a spill (any bytes of spill stores 
 loads) or a stack frame fails the check (exit 1).
 
 Two checks of programmatic dependent launch (tinyloop/backends/cuda/dependent_launch.py) ride
-along: NVRTC's PTX for compute_90 must hold griddepcontrol.wait and .launch_dependents in every
-entry (ptxas refuses them below sm_90, so the sm_80 compile checks their guard); and a C program compiled against the toolkit's cuda.h must
+along: the PTX NVRTC writes for sm_90 (what its ptxas turns into the cubin) must hold
+griddepcontrol.wait and .launch_dependents in every entry (ptxas refuses them below sm_90, so
+the sm_80 compile checks their guard); and a C program compiled against the toolkit's cuda.h must
 find the launch structures at the sizes and offsets the ctypes mirrors use.
+
+Every (compiler, file, arch) compile is a job of its own, run in a pool of processes (a
+process each, because one NVRTC program holds the compiler for its whole compile). The
+longest sources go first, so linear.cu's compiles do not start last and leave the other
+workers idle. Output is printed as jobs finish; the table and RESOURCES.md keep the
+sources' order, so they do not depend on which job finished first.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinyloop.backends.cuda.compile import (KERNEL_DIR, NvrtcError, compile_options, header_dirs,  # noqa: E402
-                                            nvrtc_compile, nvrtc_library, nvrtc_ptx)
+                                            nvrtc_compile, nvrtc_library)
 from tinyloop.backends.cuda import dependent_launch  # noqa: E402
 
 ARCHES = ("80", "90")
@@ -71,19 +82,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def entry_failures(source: Path, library: str) -> list[str]:
-    """Every entry's PTX for compute_90 waits for the previous grid and releases the next. (Below
+def entry_failures(source: Path, ptx: str) -> list[str]:
+    """Every entry of the sm_90 PTX waits for the previous grid and releases the next. (Below
     sm_90 the guard in cuda/common.cuh leaves both out: ptxas refuses them there, so the sm_80
-    compile above would fail.)"""
+    compile would fail.)"""
     failures = []
-    ptx = nvrtc_ptx(source, "90", library)
     entries = re.findall(r"\.entry\s+(\w+)\((.*?)(?=\.entry|\Z)", ptx, re.S)
     if not entries:
-        failures.append(f"{source.name} compute_90: no entry found in the PTX")
+        failures.append(f"{source.name} sm_90: no entry found in the PTX")
     for name, body in entries:
         for instruction in ("griddepcontrol.wait", "griddepcontrol.launch_dependents"):
             if instruction not in body:
-                failures.append(f"{source.name} {name} compute_90: {instruction} missing")
+                failures.append(f"{source.name} {name} sm_90: {instruction} missing")
     return failures
 
 
@@ -147,11 +157,75 @@ def layout_failures(required: bool) -> list[str]:
     return wrong
 
 
+def cost_rank(source: Path) -> int:
+    """Bytes of the source and every local header it includes (once): a stand-in for how long it
+    compiles, so the pool starts the longest jobs first."""
+    seen, pending, total = set(), [source], 0
+    while pending:
+        path = pending.pop()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text()
+        total += len(text)
+        pending += [KERNEL_DIR / name for name in re.findall(r'#include\s+"([^"]+)"', text)]
+    return total
+
+
+def run_job(job: tuple) -> tuple:
+    """One compile in a worker process -> (job, outcome, seconds). The outcome: NVRTC's (cubin size,
+    log, the sm_90 PTX's entry failures or None below sm_90), nvcc's rows, or an exception's text
+    prefixed with "FAIL " (text, so no failure is lost crossing the process boundary)."""
+    kind, source, arch, tool = job
+    start = time.perf_counter()
+    try:
+        if kind == "nvrtc":
+            size, ptx, log = nvrtc_compile(source, arch, tool)
+            outcome = (size, log, entry_failures(source, ptx) if arch == "90" else None)
+        else:
+            outcome = ptxas_figures(source, arch, tool)
+    except (NvrtcError, RuntimeError, OSError) as error:
+        outcome = f"FAIL {error}"
+    return job, outcome, time.perf_counter() - start
+
+
+def plan(library: str | None, nvcc: str | None) -> list[tuple]:
+    """Every compile as (kind, source, arch, library or nvcc), the longest sources first."""
+    jobs = []
+    for source in sorted(sources(), key=cost_rank, reverse=True):
+        if library is not None:
+            jobs += [("nvrtc", source, arch, library) for arch in ARCHES]
+        if nvcc is not None:
+            jobs += [("nvcc", source, arch, nvcc) for arch in ARCHES]
+    return jobs
+
+
+def report(job: tuple, outcome, seconds: float, failures: list[str]) -> None:
+    """Print one finished job's line; collect its failures."""
+    kind, source, arch, _tool = job
+    if isinstance(outcome, str) and outcome.startswith("FAIL "):
+        failures.append(outcome[5:])
+        print(f"{kind} {source.name} sm_{arch}: failed ({seconds:.0f} s)", flush=True)
+    elif kind == "nvrtc":
+        size, log, entries = outcome
+        pdl = "" if entries is None else ("; programmatic dependent launch in every entry: "
+                                          + ("ok" if not entries else f"{len(entries)} wrong"))
+        print(f"nvrtc {source.name} sm_{arch}: ok, cubin {size} bytes{pdl} ({seconds:.0f} s)"
+              + (f"\n{log}" if log else ""), flush=True)
+        failures += entries or []
+    else:
+        print(f"nvcc {source.name} sm_{arch}: {len(outcome)} kernels ({seconds:.0f} s)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite cuda/RESOURCES.md from the nvcc figures")
     parser.add_argument("--require", default="", help="comma list of compilers that must be present: nvrtc,nvcc")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="compiles at once (default: one per CPU)")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     required = {r for r in args.require.split(",") if r}
     failures = []
 
@@ -159,34 +233,29 @@ def main() -> int:
     if library is None:
         (failures.append if "nvrtc" in required else print)("NVRTC not found (pip install nvidia-cuda-nvrtc-cu12 "
                                                             "nvidia-cuda-runtime-cu12)")
-    else:
-        for source in sources():
-            for arch in ARCHES:
-                try:
-                    size, log = nvrtc_compile(source, arch, library)
-                    print(f"nvrtc {source.name} sm_{arch}: ok, cubin {size} bytes" + (f"\n{log}" if log else ""))
-                except NvrtcError as error:
-                    failures.append(str(error))
-            try:
-                found = entry_failures(source, library)
-                failures += found
-                print(f"nvrtc {source.name}: programmatic dependent launch in every compute_90 entry: "
-                      + ("ok" if not found else f"{len(found)} wrong"))
-            except NvrtcError as error:
-                failures.append(str(error))
-        failures += layout_failures("nvrtc" in required)
-
     nvcc = shutil.which("nvcc")
-    rows = []
     if nvcc is None:
         (failures.append if "nvcc" in required else print)("nvcc not found: no resource figures")
-    else:
-        for source in sources():
+
+    jobs = plan(library, nvcc)
+    outcomes = {}
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for future in as_completed([pool.submit(run_job, job) for job in jobs]):
+            job, outcome, seconds = future.result()
+            outcomes[job] = outcome
+            report(job, outcome, seconds, failures)
+    print(f"{len(jobs)} compiles, {args.jobs} at a time: {time.perf_counter() - started:.0f} s", flush=True)
+    if library is not None:
+        failures += layout_failures("nvrtc" in required)
+
+    if nvcc is not None:
+        rows = []
+        for source in sources():        # the table in the sources' order, whatever finished first
             for arch in ARCHES:
-                try:
-                    rows += ptxas_figures(source, arch, nvcc)
-                except RuntimeError as error:
-                    failures.append(str(error))
+                outcome = outcomes[("nvcc", source, arch, nvcc)]
+                if isinstance(outcome, list):
+                    rows += outcome
         print(table(rows))
         for r in rows:
             if r.get("spill_stores") or r.get("spill_loads") or r.get("stack"):

@@ -63,25 +63,20 @@ class NvrtcError(RuntimeError):
     pass
 
 
-def nvrtc_compile(source_path: Path, arch: str, library: str) -> tuple[int, str]:
-    """Compile one .cu for sm_<arch> -> (cubin size in bytes, log). NvrtcError with the log on failure."""
-    def cubin_size(lib, program, check):
+def nvrtc_compile(source_path: Path, arch: str, library: str) -> tuple[int, str, str]:
+    """Compile one .cu for sm_<arch> -> (cubin size in bytes, the PTX ptxas was given, log).
+    NvrtcError with the log on failure. (The compile check reads the PTX to see which
+    instructions a guarded inline asm left in every entry.)"""
+    def cubin_and_ptx(lib, program, check):
         size = ctypes.c_size_t()
         check(lib.nvrtcGetCUBINSize(program, ctypes.byref(size)), "cubin size")
-        return size.value
-    return _nvrtc(source_path, f"sm_{arch}", library, cubin_size)
-
-
-def nvrtc_ptx(source_path: Path, arch: str, library: str) -> str:
-    """Compile one .cu for the virtual compute_<arch> -> its PTX text (what the compile check
-    reads to see which instructions a guarded inline asm left in every entry)."""
-    def ptx_text(lib, program, check):
-        size = ctypes.c_size_t()
-        check(lib.nvrtcGetPTXSize(program, ctypes.byref(size)), "PTX size")
-        text = ctypes.create_string_buffer(size.value)
+        ptx_size = ctypes.c_size_t()
+        check(lib.nvrtcGetPTXSize(program, ctypes.byref(ptx_size)), "PTX size")
+        text = ctypes.create_string_buffer(ptx_size.value)
         check(lib.nvrtcGetPTX(program, text), "PTX")
-        return text.value.decode()
-    return _nvrtc(source_path, f"compute_{arch}", library, ptx_text)[0]
+        return size.value, text.value.decode()
+    (size, ptx), log = _nvrtc(source_path, f"sm_{arch}", library, cubin_and_ptx)
+    return size, ptx, log
 
 
 def _nvrtc(source_path: Path, target: str, library: str, fetch) -> tuple:
