@@ -17,8 +17,8 @@ griddepcontrol.wait and .launch_dependents in every entry (ptxas refuses them be
 the sm_80 compile checks their guard); and a C program compiled against the toolkit's cuda.h must
 find the launch structures at the sizes and offsets the ctypes mirrors use.
 
-Every (compiler, file, arch) compile is a job of its own, run in a pool of processes (a
-process each, because one NVRTC program holds the compiler for its whole compile). The
+Every (compiler, file, arch) compile is a job of its own, run in a pool of processes (so
+compiles run side by side whatever NVRTC does inside one process: not measured). The
 longest sources go first, so linear.cu's compiles do not start last and leave the other
 workers idle. Output is printed as jobs finish; the table and RESOURCES.md keep the
 sources' order, so they do not depend on which job finished first.
