@@ -5,6 +5,7 @@ this CPU can run, and compare the compiled kernels' logits across compile target
     python scripts/exactness_matrix.py --full     # the full exactness set under every configuration
     python scripts/exactness_matrix.py --list     # what would run here, and why; runs nothing
     python scripts/exactness_matrix.py --jobs 2   # two configurations at a time (default: one)
+    python scripts/exactness_matrix.py --after-suite  # CI: the suite ran the reduced set here already
 
 The CPU kernels (backends/cpu, the default) are compiled by numba for the CPU it runs on
 unless NUMBA_CPU_NAME names another target (with NUMBA_CPU_FEATURES naming that CPU's
@@ -24,6 +25,15 @@ bit" proved on one machine says little about the next. Each configuration runs
   baseline SIMD (NPY_DISABLE_CPU_FEATURES): its own exactness claims, reduced;
 - TINYLOOP_ACTIVATIONS=fp16 (linear inputs rounded to half), reduced.
 The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported.
+
+The tests that run the CUDA kernel sources on the CPU harness (marked `harness`: tests/cudasim)
+run under this CPU's own configuration only. Nothing the other configurations change reaches
+their bits: the harness compiles the kernels with g++ and fixed flags (tests/cudasim/build.py),
+the CUDA backend calls no numba kernel and no BLAS, and these tests name their activations
+themselves; NumPy's SIMD level reaches only the harness's stand-in for CuPy, which no GPU runs.
+With --after-suite the first configuration runs only the cases the reduced set leaves out
+(--exactness-rest): the test suite and `pytest -m slow`, under the same configuration, run the
+reduced set, so CI runs each case once there.
 
 Then scripts/logit_fingerprint.py writes the logits of every forward path (prefill, decode,
 verify, a draft tree; float and int8/int4/int2 models; every KV mode; a window) under this
@@ -84,6 +94,8 @@ class Configuration:
     env: dict                       # variables to set; None values are removed
     reduced: bool
     why: str
+    harness: bool = False           # also the CUDA-harness tests (this CPU's own configuration only)
+    rest: bool = False              # only the cases the reduced set leaves out (--after-suite)
     kernels: str = "?"              # what OpenBLAS loaded
     simd: str = "?"                 # NumPy's active dispatch targets
     skipped: str = ""
@@ -91,6 +103,10 @@ class Configuration:
     failed: int = 0
     seconds: float = 0.0
     tail: list = field(default_factory=list)
+
+    def set_name(self) -> str:
+        cases = "rest of the full" if self.rest else "reduced" if self.reduced else "full"
+        return cases if self.harness else f"{cases} (no harness)"
 
 
 def cpu_flags() -> set[str] | None:
@@ -138,9 +154,10 @@ PAIRS = (("generic", "Prescott"), ("nehalem", "Nehalem"), ("sandybridge", "Sandy
          ("skylake-avx512", "SkylakeX"), ("icelake-server", "Cooperlake"))
 
 
-def plan(full: bool) -> list[Configuration]:
-    configs = [Configuration("this CPU's own kernels", {}, reduced=False,
-                             why="this CPU's own compile target, OPENBLAS_CORETYPE unset: the full set")]
+def plan(full: bool, after_suite: bool = False) -> list[Configuration]:
+    configs = [Configuration("this CPU's own kernels", {}, reduced=False, harness=True, rest=after_suite,
+                             why="this CPU's own compile target, OPENBLAS_CORETYPE unset: the full set"
+                                 + (" less the reduced set the suite runs" if after_suite else ""))]
     flags = cpu_flags()
     for target, core in PAIRS:
         needs = COMPILE_TARGETS[target] | CORE_TYPES[core]
@@ -235,8 +252,11 @@ def compare_targets(workdir: Path, jobs: int = 1) -> list[Target]:
 
 
 def run(config: Configuration, pytest_args: list[str]) -> None:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "exactness", *pytest_args]
-    if not config.reduced:
+    marks = "exactness" if config.harness else "exactness and not harness"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks, *pytest_args]
+    if config.rest:
+        command.append("--exactness-rest")
+    elif not config.reduced:
         command.append("--exactness-full")
     start = time.perf_counter()
     out = subprocess.run(command, cwd=ROOT, env=environment(config.env), capture_output=True, text=True)
@@ -255,6 +275,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the full exactness set under every configuration")
     parser.add_argument("--list", action="store_true", help="show the configurations and exit")
+    parser.add_argument("--after-suite", action="store_true",
+                        help="the test suite and -m slow run (or ran) the reduced set under this CPU's own "
+                             "configuration: run only the rest of the full set there (CI)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="configurations run at once, each its own process (default 1; the tests "
                              "are single-threaded compute, and no result depends on timing)")
@@ -263,7 +286,7 @@ def main() -> int:
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
 
-    configs = plan(args.full)
+    configs = plan(args.full, args.after_suite)
     seen_kernels: dict[tuple, str] = {}
     for config in configs:
         if config.skipped:
@@ -293,7 +316,7 @@ def main() -> int:
                 future.result()
                 verdict = "ok" if not config.failed else "FAILED"
                 print(f"  {config.name:<24} {config.why}; OpenBLAS {config.kernels}; NumPy SIMD {config.simd}; "
-                      f"{'reduced' if config.reduced else 'full'} set: {verdict}: {config.passed} passed, "
+                      f"{config.set_name()} set: {verdict}: {config.passed} passed, "
                       f"{config.failed} failed in {config.seconds:.0f} s", flush=True)
                 for line in config.tail:
                     print(f"      {line}")

@@ -21,6 +21,7 @@ scripts/mutation_equivalent.txt (mutants no test can observe, each with its reas
     python scripts/mutation_check.py stopstrings auth      # some of them (names below)
     python scripts/mutation_check.py --every 3 sampling    # every third mutant only (a reduced run)
     python scripts/mutation_check.py --list sampling       # the mutants, without running tests
+    python scripts/mutation_check.py --jobs 2 auth sampling  # two targets at a time, each in its own copy
 
 Mutant ids (`module:line:col:kind:detail`) are stable while the source line is unchanged.
 """
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,6 +281,18 @@ def check_module(name: str, tree: Path, every: int, timeout: float, equivalent: 
     return results
 
 
+def check_target(name: str, args, equivalent: dict, live: bool) -> tuple[list[str], dict]:
+    """One target in a copy of its own (targets run side by side never share a mutated tree);
+    its log lines printed as they come (live) or kept to be printed in the targets' order."""
+    lines: list[str] = []
+    log = (lambda line: print(line, flush=True)) if live else lines.append
+    log(f"{name} ({TARGETS[name][0]})")
+    with tempfile.TemporaryDirectory(prefix=f"tinyloop-mutation-{name}-") as scratch:
+        tree = Path(scratch)
+        copy_tree(tree)
+        return lines, check_module(name, tree, args.every, args.timeout, equivalent, log, args.tests)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -290,6 +304,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", nargs="+", help="run these tests instead of the target's own (a quick look)")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="targets checked at once, each in its own copy of the tree (default 1); "
+                             "the output keeps the targets' order")
     parser.add_argument("--fail-on-survivors", action="store_true",
                         help="exit 1 if a mutant survives that scripts/mutation_equivalent.txt does not list")
     args = parser.parse_args(argv)
@@ -297,6 +314,8 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.list:
         for name in names:
             for mutant, _ in mutants_of(name)[::args.every]:
@@ -304,13 +323,13 @@ def main(argv=None) -> int:
         return 0
     equivalent = load_equivalent()
     report = {}
-    with tempfile.TemporaryDirectory(prefix="tinyloop-mutation-") as scratch:
-        tree = Path(scratch)
-        copy_tree(tree)
+    # each target's tests are subprocesses: the threads only wait on them
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        checks = {name: pool.submit(check_target, name, args, equivalent, args.jobs == 1) for name in names}
         for name in names:
-            print(f"{name} ({TARGETS[name][0]})", flush=True)
-            report[name] = check_module(name, tree, args.every, args.timeout, equivalent,
-                                        lambda line: print(line, flush=True), args.tests)
+            lines, report[name] = checks[name].result()
+            for line in lines:
+                print(line, flush=True)
     print("\nmodule          mutants  killed  survived  equivalent")
     for name, r in report.items():
         print(f"{name:15s} {r['mutants']:7d} {r['killed']:7d} {len(r['survived']):9d} {len(r['equivalent']):11d}")

@@ -85,18 +85,23 @@ def pytest_addoption(parser):
                           "CPU's own kernels and the reduced set under every other configuration)")
     parser.addoption("--exactness-reduced", action="store_true",
                      help="the reduced set (the default; kept for scripts that name it)")
+    parser.addoption("--exactness-rest", action="store_true",
+                     help="only the cases the reduced set leaves out (the full set less the reduced one: "
+                          "scripts/exactness_matrix.py --after-suite, where the suite already ran the reduced set)")
 
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--exactness-full"):
         return
+    rest = config.getoption("--exactness-rest")
     kept, dropped, seen = [], [], {}
     for item in items:
         mark = item.get_closest_marker("exactness")
         sample = mark.kwargs.get("sample", 1) if mark else 1
         function = (item.path, item.originalname)
         index = seen[function] = seen.get(function, -1) + 1
-        (kept if index % sample == 0 else dropped).append(item)
+        in_reduced = index % sample == 0
+        (kept if in_reduced != rest else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

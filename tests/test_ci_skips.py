@@ -27,14 +27,14 @@ def test_expected_failure():
 '''
 
 
-def run_probe(tmp_path, ci):
+def run_probe(tmp_path, ci, *extra):
     (tmp_path / "test_probe.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "conftest",
-                             "--rootdir", str(tmp_path), str(tmp_path / "test_probe.py")],
+                             "--rootdir", str(tmp_path), *extra, str(tmp_path / "test_probe.py")],
                             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     return result.stdout
 
@@ -44,6 +44,14 @@ def test_in_ci_only_a_missing_gpu_may_skip(tmp_path):
     assert "FAILED test_probe.py::test_skips_for_a_missing_package" in out
     assert "ERROR test_probe.py::test_marked_tool" in out
     assert "SKIPPED [1] test_probe.py:8: no GPU here" in out
+    assert "needs a CUDA device" in out and "1 failed, 2 skipped, 1 xfailed, 1 error" in out
+
+
+def test_the_rule_holds_in_worker_processes_too(tmp_path):
+    """The README and CI run the suite with -n 2 (pytest-xdist): the verdict is made in the
+    workers' reports, and the controller must count it the same."""
+    out = run_probe(tmp_path, "1", "-n", "2")
+    assert "FAILED test_probe.py::test_skips_for_a_missing_package" in out
     assert "needs a CUDA device" in out and "1 failed, 2 skipped, 1 xfailed, 1 error" in out
 
 

@@ -29,6 +29,8 @@ from tinyloop.model.loader import load_model
 from tinyloop.model.modelfile import write_model_file
 from tinyloop.model.testmodels import random_weights, train_tokenizer
 
+pytestmark = pytest.mark.harness       # the kernels run on the CPU harness (or a GPU): scripts/exactness_matrix.py
+
 MODES = ["fp16", "int8", "int4", "int4-h", "fp32"]
 ON_GPU = os.environ.get("TINYLOOP_TEST_DEVICE") == "cuda"
 # The cases of the end-to-end sweeps that take the CPU harness tens of seconds each: one case

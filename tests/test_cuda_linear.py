@@ -11,6 +11,8 @@ from tinyloop.backends.cuda.launch import linear as launch
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
 
+pytestmark = pytest.mark.harness       # the kernels run on the CPU harness (or a GPU): scripts/exactness_matrix.py
+
 KINDS = ("int2", "int4", "int8", "f16", "f32")
 # groups that leave padded columns (100 -> 108 / 102) and a code row that is not whole
 # words (27, 51, 102 bytes), and int4 groups that start inside a word

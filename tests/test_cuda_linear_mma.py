@@ -14,6 +14,8 @@ from tinyloop.model.quant import quantize_rtn
 
 from test_cuda_linear import assert_bits_equal, magnitude, weight_part
 
+pytestmark = pytest.mark.harness       # the kernels run on the CPU harness (or a GPU): scripts/exactness_matrix.py
+
 
 class Scratch:
     """The backend's side of an MmaPath: one partials buffer and one counters buffer, kept

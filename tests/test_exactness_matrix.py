@@ -43,6 +43,11 @@ def test_plan_runs_what_the_cpu_executes_and_names_what_it_lacks(monkeypatch):
     assert configs["NumPy reference backend"].env == {"TINYLOOP_CPU_KERNELS": "numpy",
                                                       "NPY_DISABLE_CPU_FEATURES": "X86_V2 X86_V3"}
     assert configs["fp16 activations"].env == {"TINYLOOP_ACTIVATIONS": "fp16"} and configs["fp16 activations"].reduced
+    # the CUDA-harness tests under the CPU's own configuration only; the rest of the full set
+    # there only after the suite (--after-suite)
+    assert first.harness and not any(c.harness for c in list(configs.values())[1:])
+    assert not first.rest and matrix.plan(full=False, after_suite=True)[0].rest
+    assert not any(c.rest for c in matrix.plan(full=False, after_suite=True)[1:])
 
 
 def test_a_pinned_core_type_in_the_callers_environment_is_not_inherited(monkeypatch):
@@ -78,6 +83,31 @@ def test_run_counts_passes_and_failures():
     assert broken.failed == 1 and broken.tail                     # nothing ran: a failure, not a pass
 
 
+def test_a_configuration_without_the_harness_leaves_the_harness_tests_out():
+    """run() with harness off deselects the CUDA-harness tests (nothing left: a failure, not a
+    pass); with it on they run."""
+    args = ["tests/test_cuda_linear_mma.py::test_mma_row_invariance"]
+    without = matrix.Configuration("generic", {}, True, "")
+    matrix.run(without, args)
+    assert (without.passed, without.failed) == (0, 1)
+    own = matrix.Configuration("own", {}, False, "", harness=True)
+    matrix.run(own, args)
+    assert own.passed >= 1 and own.failed == 0
+
+
+def test_only_cuda_harness_modules_carry_the_harness_mark():
+    """The mark takes tests out of every configuration but the first, so it must never reach a
+    test of the CPU kernels: every exactness test marked harness lives in a test_cuda_* module,
+    and every exactness test of the modules that load the harness is marked."""
+    def collected(marks):
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                              "--exactness-full", "-m", marks], cwd=SCRIPT.parent.parent, capture_output=True, text=True)
+        return {line.split("::")[0] for line in out.stdout.splitlines() if "::" in line}
+    harness = collected("exactness and harness")
+    assert harness == {"tests/test_cuda_backend.py", "tests/test_cuda_linear.py", "tests/test_cuda_linear_mma.py"}
+    assert not {f for f in collected("exactness and not harness") if Path(f).name.startswith("test_cuda")}
+
+
 def test_the_reduced_set_samples_the_marked_sweeps_and_keeps_the_rest():
     def collected(*extra):
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
@@ -85,6 +115,8 @@ def test_the_reduced_set_samples_the_marked_sweeps_and_keeps_the_rest():
                              cwd=SCRIPT.parent.parent, capture_output=True, text=True)
         return {line for line in out.stdout.splitlines() if "::" in line}
     full, reduced = collected("--exactness-full"), collected()          # the reduced set is the default
+    rest = collected("--exactness-rest")                                 # the full set less the reduced one
+    assert reduced and rest and not reduced & rest and reduced | rest == full
     sweep = "tests/test_speculative.py::test_greedy_speculation_equals_plain_generation"
     assert {t for t in reduced if t.startswith(sweep)} == {f"{sweep}[{b}]" for b in (0, 2, 4, 6, 8)}
     assert {t for t in full if t.startswith(sweep)} == {f"{sweep}[{b}]" for b in range(10)}

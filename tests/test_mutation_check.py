@@ -59,3 +59,36 @@ def test_equivalent_entries_name_known_targets_and_give_a_reason():
         assert mutant_id.split(":")[0] in mutation_check.TARGETS and len(reason) > 20, mutant_id
         known = {m.id for m, _ in mutation_check.mutants_of(mutant_id.split(":")[0])}
         assert mutant_id in known, f"{mutant_id} is not a current mutant (its line changed?)"
+
+
+def test_jobs_check_targets_side_by_side_each_in_its_own_tree(monkeypatch, capsys):
+    """--jobs 2: the second target finishes first (the first waits for it, which one at a time
+    would never see: the wait times out and fails the run), each target has a tree of its own,
+    and the output keeps the targets' order."""
+    import threading
+    auth_done, trees = threading.Event(), {}
+
+    def fake_check(name, tree, every, timeout, equivalent, log, tests):
+        trees[name] = tree
+        assert (tree / "copied").exists()
+        if name == "stopstrings" and not auth_done.wait(timeout=30):
+            raise RuntimeError("the targets did not run side by side")
+        log(f"  checked {name}")
+        if name == "auth":
+            auth_done.set()
+        return {"module": mutation_check.TARGETS[name][0], "mutants": 1, "killed": 1, "survived": [],
+                "equivalent": []}
+    monkeypatch.setattr(mutation_check, "copy_tree", lambda tree: (tree / "copied").write_text(""))
+    monkeypatch.setattr(mutation_check, "check_module", fake_check)
+    assert mutation_check.main(["--jobs", "2", "stopstrings", "auth"]) == 0
+    out = capsys.readouterr().out
+    assert trees["stopstrings"] != trees["auth"]
+    order = [out.index(text) for text in ("stopstrings (", "  checked stopstrings", "auth (", "  checked auth")]
+    assert order == sorted(order), out
+
+
+def test_jobs_must_be_positive():
+    import pytest
+    with pytest.raises(SystemExit) as stopped:
+        mutation_check.main(["--jobs", "0", "auth"])
+    assert stopped.value.code == 2
