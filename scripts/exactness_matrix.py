@@ -27,10 +27,11 @@ bit" proved on one machine says little about the next. Each configuration runs
 The kernels OpenBLAS actually loaded are read back (OPENBLAS_VERBOSE=2) and reported.
 
 The tests that run the CUDA kernel sources on the CPU harness (marked `harness`: tests/cudasim)
-run under this CPU's own configuration only. Nothing the other configurations change reaches
-their bits: the harness compiles the kernels with g++ and fixed flags (tests/cudasim/build.py),
-the CUDA backend calls no numba kernel and no BLAS, and these tests name their activations
-themselves; NumPy's SIMD level reaches only the harness's stand-in for CuPy, which no GPU runs.
+run under this CPU's own configuration only. What the other configurations change cannot
+break an equality these tests check: the harness compiles the kernels with g++ and fixed flags
+(tests/cudasim/build.py), the CUDA backend calls no numba kernel and no BLAS, and these tests
+name their activations themselves; NumPy's SIMD level can move host-side inputs (the rope
+table, computed with NumPy on a GPU host too), which both sides of each comparison share.
 With --after-suite the first configuration runs only the cases the reduced set leaves out
 (--exactness-rest): the test suite and `pytest -m slow`, under the same configuration, run the
 reduced set, so CI runs each case once there.

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENT_FILE = ROOT / "scripts" / "mutation_equivalent.txt"
+STOPPING = threading.Event()       # set when the run stops early: targets under way stop too
 
 # name -> (module path, the tests that cover it: files or node ids; missing files are skipped)
 SPEC = "tests/test_speculative.py::"
@@ -268,6 +270,8 @@ def check_module(name: str, tree: Path, every: int, timeout: float, equivalent: 
                "survived": [], "equivalent": [], "baseline_s": round(baseline, 1)}
     try:
         for number, (mutant, source) in enumerate(mutants, 1):
+            if STOPPING.is_set():
+                raise RuntimeError(f"{name}: stopped (another target failed, or Ctrl-C)")
             target.write_text(source)
             status, seconds = run_tests(tree, tests, per_mutant_timeout)
             if status == "survived":
@@ -284,13 +288,19 @@ def check_module(name: str, tree: Path, every: int, timeout: float, equivalent: 
 def check_target(name: str, args, equivalent: dict, live: bool) -> tuple[list[str], dict]:
     """One target in a copy of its own (targets run side by side never share a mutated tree);
     its log lines printed as they come (live) or kept to be printed in the targets' order."""
+    if STOPPING.is_set():
+        raise RuntimeError(f"{name}: not started (another target failed, or Ctrl-C)")
     lines: list[str] = []
     log = (lambda line: print(line, flush=True)) if live else lines.append
     log(f"{name} ({TARGETS[name][0]})")
-    with tempfile.TemporaryDirectory(prefix=f"tinyloop-mutation-{name}-") as scratch:
-        tree = Path(scratch)
-        copy_tree(tree)
-        return lines, check_module(name, tree, args.every, args.timeout, equivalent, log, args.tests)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"tinyloop-mutation-{name}-") as scratch:
+            tree = Path(scratch)
+            copy_tree(tree)
+            return lines, check_module(name, tree, args.every, args.timeout, equivalent, log, args.tests)
+    except BaseException:
+        STOPPING.set()                  # before this worker takes the next target
+        raise
 
 
 def main(argv=None) -> int:
@@ -323,13 +333,21 @@ def main(argv=None) -> int:
         return 0
     equivalent = load_equivalent()
     report = {}
-    # each target's tests are subprocesses: the threads only wait on them
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    # each target's tests are subprocesses: the threads only wait on them. A target that
+    # fails (or Ctrl-C) stops the run: targets not begun are cancelled, and the ones under
+    # way stop before their next mutant.
+    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    try:
         checks = {name: pool.submit(check_target, name, args, equivalent, args.jobs == 1) for name in names}
         for name in names:
             lines, report[name] = checks[name].result()
             for line in lines:
                 print(line, flush=True)
+    except BaseException:
+        STOPPING.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     print("\nmodule          mutants  killed  survived  equivalent")
     for name, r in report.items():
         print(f"{name:15s} {r['mutants']:7d} {r['killed']:7d} {len(r['survived']):9d} {len(r['equivalent']):11d}")

@@ -92,3 +92,22 @@ def test_jobs_must_be_positive():
     with pytest.raises(SystemExit) as stopped:
         mutation_check.main(["--jobs", "0", "auth"])
     assert stopped.value.code == 2
+
+
+def test_a_failing_target_stops_the_run(monkeypatch):
+    """A target whose tests fail on the unmutated tree stops the run there: the targets after
+    it never start (with one job, as before --jobs existed)."""
+    import pytest
+    started = []
+
+    def fake_check(name, tree, every, timeout, equivalent, log, tests):
+        started.append(name)
+        raise RuntimeError(f"{name}: the tests fail on the unmutated tree")
+    monkeypatch.setattr(mutation_check, "copy_tree", lambda tree: None)
+    monkeypatch.setattr(mutation_check, "check_module", fake_check)
+    try:
+        with pytest.raises(RuntimeError, match="stopstrings"):
+            mutation_check.main(["stopstrings", "auth", "quant_blocks"])
+    finally:
+        mutation_check.STOPPING.clear()
+    assert started == ["stopstrings"]

@@ -50,6 +50,12 @@ def _cache_dir() -> str:
 # read when each kernel module below is imported (cache=True looks it up then)
 numba.config.CACHE_DIR = _cache_dir()
 
+# processes that compile at once (Granian workers on a fresh machine, pytest -n 2) must not
+# lose or cross each other's cache entries: cache_lock.py
+from .cache_lock import lock_cache_saves  # noqa: E402
+
+lock_cache_saves()
+
 # Threads of the kernels: numba's default, every CPU this process may use (NUMBA_NUM_THREADS
 # sets another count). Threads split outputs and queries, never a sum, so the count changes
 # speed, never bits. Measured on the 2-vCPU development machine, `tinyloop bench` side by
