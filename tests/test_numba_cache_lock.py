@@ -3,10 +3,8 @@ cache_lock.py): two processes save 150 different signatures each into one functi
 once; afterwards every key is in the index and loads its own data, none another's."""
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 
 LOCK_MODULE = Path(__file__).resolve().parents[1] / "tinyloop" / "backends" / "cpu" / "kernels" / "cache_lock.py"
 SAVES = 150
