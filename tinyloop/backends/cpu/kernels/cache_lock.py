@@ -44,14 +44,14 @@ def _locked_save(self, key, data):
     os.makedirs(self._cache_path, exist_ok=True)
     with _exclusive(self._index_path + ".lock"):
         overloads = self._load_index()
-        data_name = overloads.get(key)
-        if data_name is None:
-            taken = set(overloads.values())
-            data_name = next(name for name in map(self._data_name, itertools.count(1)) if name not in taken)
+        if key in overloads:                        # a recompile of a saved signature: its file again
+            self._save_data(overloads[key], data)
+            return
+        taken = set(overloads.values())
+        data_name = next(name for name in map(self._data_name, itertools.count(1)) if name not in taken)
         self._save_data(data_name, data)            # before the index names it
-        if overloads.get(key) != data_name:
-            overloads[key] = data_name
-            self._save_index(overloads)
+        overloads[key] = data_name
+        self._save_index(overloads)
 
 
 def lock_cache_saves() -> bool:
