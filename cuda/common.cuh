@@ -23,6 +23,8 @@ __device__ __forceinline__ float tl_add(float a, float b) { return __fadd_rn(a, 
 __device__ __forceinline__ float tl_sub(float a, float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ float tl_mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float tl_div(float a, float b) { return __fdiv_rn(a, b); }
+// a * b + c rounded once (FFMA): the rows path's multiply-accumulate (twins/arith.py fma_f32)
+__device__ __forceinline__ float tl_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 
 // out[i] = v, as float, or (out_half, fp16 activations) rounded to the nearest half (ties
 // to even, as NumPy's astype(float16)); the flag is uniform over a launch.

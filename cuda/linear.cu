@@ -27,22 +27,25 @@
 //   residual_stride, y, y_stride, y_offset
 //
 // linear_rows_*: the exact path (decode, verify: 1..65 rows). One warp per output column;
-// lane l accumulates the column's words l, l+32, l+64, ... in that order, and within a
-// word its columns in order, with tl_mul/tl_add (one accumulator per row); then
-// tl_warp_sum; then the bias, then the residual. None of this depends on the number of rows,
-// the row chunk a row falls in, or the block: a row's result is the same bits in every launch.
-// Rows go through in register chunks of 8 (then 4, 2, 1 for the rest): the weights are
+// lane l owns, in each stripe of 128 stored words of the row, the chunk of 4 words from
+// 128 s + 4 l on (one 16-byte load: packing.py pads every row to whole 16-byte lines), and
+// accumulates its words in increasing order, within a word its columns in order, each
+// product and sum one tl_fma (rounded once; one accumulator per row); then tl_warp_sum; then
+// the bias, then the residual. None of this depends on the number of rows, the row chunk a
+// row falls in, or the block: a row's result is the same bits in every launch.
+// Rows go through in register chunks of 4 (then 2, 1 for the rest): the weights are
 // read from DRAM by the first chunk, and the later chunks' re-reads of the same column
 // (a few KiB per block) hit L1/L2. A chunk's inputs are staged in shared memory already
 // permuted and zero-padded, LIN_STAGE_FLOATS (8,192) at a time: a decode row of up to 8,192
-// stored columns at once (one barrier pair for the whole call), an 8-row chunk 1,024 columns
-// a tile; a word's 4 (int4: 8) inputs of a row side by side, so a lane reads them with one
-// (two) 16-byte shared loads, free of bank conflicts. The weights stream in batches of 8
-// words a lane for a decode row (4 for 2 rows, 2 for more), each with its scale and min: a
-// tile's first batch is issued before the barrier, every later one while the batch before it
-// is summed, so a warp always has a batch in flight (a 1-row lane 8 words; the old tile loop
-// had at most 2 behind each barrier pair, and 16 barrier pairs on the down projection). A
-// word's group comes from a high multiply (linear_kinds.cuh group_magic), not a division.
+// stored columns at once (one barrier pair for the whole call), a 4-row chunk 2,048 columns
+// a tile; a word's inputs of a row 4 at a time side by side (int4: two such planes), so a lane
+// reads them with one (int4: two) 16-byte shared loads, the lanes of a warp consecutive
+// vectors (no bank conflicts). The weights stream in batches of two chunks a lane for a decode row (one for
+// more rows), each with its scale and min where the chunk is one group (Kind::chunk_uniform;
+// otherwise each word's is loaded as it is summed): a tile's first batch is issued before the
+// barrier, every later one while the batch before it is summed, so a warp always has a batch
+// in flight. A word's group comes from a high multiply (linear_kinds.cuh group_magic), not a
+// division.
 // A launch may carry the pre-norm (a.norm, launch/linear.py NormFold): x is then the residual
 // stream h, each chunk's rows get their statistics from norm.cuh (the norm kernels' code) and
 // are staged as norm(h): the bits of the norm launch followed by this one. Or (a.norm ==

@@ -6,13 +6,16 @@
 
 // The uniform flags of a launch that pick a rare path. scripts/sass_loops.py compiles with
 // TL_MODEL_COMMON_PATH to count the machine code of the common case alone (no act-order
-// permutation, one group of scales per word) for the paper model; kernels never do.
+// permutation, one group of scales per word and per rows-path chunk of 4 words: GGUF's and
+// RTN's groups of 32 or more) for the paper model; kernels never do.
 #ifdef TL_MODEL_COMMON_PATH
 #define TL_HAS_PERM(a) false
 #define TL_GROUP_PER_WORD(a, cpw) true
+#define TL_GROUP_PER_CHUNK(a, cpw) true
 #else
 #define TL_HAS_PERM(a) ((a).has_perm)
 #define TL_GROUP_PER_WORD(a, cpw) ((a).group_size % (cpw) == 0)
+#define TL_GROUP_PER_CHUNK(a, cpw) ((a).group_size % (LIN_SPAN * (cpw)) == 0)
 #endif
 
 struct LinearArgs {
@@ -47,6 +50,12 @@ struct LinearArgs {
     const unsigned int* chain_done; unsigned int chain_wait;
 };
 
+// The rows path's unit of loading (linear_rows.cuh): a lane loads LIN_SPAN consecutive words at
+// once (one 16-byte load; packing.py pads every weight row to whole 16-byte lines), and a warp's
+// 32 lanes side by side cover a stripe of LIN_STRIPE words.
+#define LIN_SPAN 4
+#define LIN_STRIPE (32 * LIN_SPAN)
+
 // -- weight kinds: columns per word and how a word becomes CPW floats ---------------------------
 // floor(column / group_size) as __umulhi(column, magic) (QuantKind::params), magic = ceil(2^32 / group_size): with
 // e = magic * group_size - 2^32 (0 <= e < group_size), column * magic / 2^32 = column / group_size
@@ -67,7 +76,8 @@ struct QuantKind {
     static const int PER_BYTE = 8 / BITS;
     // The scale and min of a word whose columns share one group (group_size a multiple of
     // CPW, the usual case), loaded apart from its decoding so that a kernel can issue these
-    // loads with the word's own, before it waits for any (linear.cu's rows path). `magic` is
+    // loads with the word's own, before it waits for any (the rows path, where a chunk's words
+    // share one group: linear_rows.cuh). `magic` is
     // group_magic(group_size): the group is found with one high multiply, not an integer
     // division (about 25 instructions a word on sm_90); `column` holds the row's scale and min
     // pointers, found once.
@@ -94,35 +104,22 @@ struct QuantKind {
         }
         return p;
     }
-    // Whether a batch's groups follow from its first word's (batch_params REGULAR): group_size
-    // divides the 32 CPW columns a batch step spans, and the groups cover every stored word, so
-    // params()'s clamp never binds. Uniform over a launch.
-    __device__ __forceinline__ static bool regular_groups(const LinearArgs& a) {
-        return TL_GROUP_PER_WORD(a, CPW) && (32 * CPW) % a.group_size == 0
-               && a.groups * a.group_size >= a.words_per_row * CPW;
+    // Whether each of a lane's chunks (LIN_SPAN words from a multiple of LIN_SPAN: linear_rows.cuh)
+    // lies in one group: group_size a multiple of the chunk's columns. Its words' params() are then
+    // one (params()'s clamp to the last group binds all of them alike). Uniform over a launch.
+    __device__ __forceinline__ static bool chunk_uniform(const LinearArgs& a) {
+        return TL_GROUP_PER_WORD(a, CPW) && TL_GROUP_PER_CHUNK(a, CPW);
     }
-    // params() of a warp's batch (linear.cu load_batch): lane l's words first + 32 q, q < B
-    // (CLAMP: at most end - 1). REGULAR (regular_groups, no CLAMP): word q's group is the
-    // first's + q (32 CPW / group_size), one group found a batch and its loads a pointer and
-    // offsets; otherwise params() a word. The same scales and mins either way.
-    template <int B, bool CLAMP, bool REGULAR>
-    __device__ __forceinline__ static void batch_params(const Column& c, int first, int end, unsigned magic,
+    // params() of the first word of each of a lane's chunks of a batch (linear_rows.cuh
+    // load_batch): chunk c is words first + c LIN_STRIPE .. + LIN_SPAN - 1 (CLAMP: from at most
+    // end - LIN_SPAN). Where chunk_uniform holds they are every word's of the chunk; elsewhere
+    // the sums load each word's own (linear_rows.cuh sum_batch).
+    template <int C, bool CLAMP>
+    __device__ __forceinline__ static void chunk_params(const Column& col, int first, int end, unsigned magic,
                                                         const LinearArgs& a, Params* p) {
-        if (REGULAR) {
-            const int per_batch = __umulhi(32 * CPW, magic);    // groups a batch step spans (no division)
-            const unsigned group = __umulhi((unsigned)first * CPW, magic);
-            const S* s = c.s + group;
-            const S* m = c.m + group;
 #pragma unroll
-            for (int q = 0; q < B; q++) {
-                p[q].s = widen(s[q * per_batch]);
-                p[q].m = widen(m[q * per_batch]);
-            }
-        } else {
-#pragma unroll
-            for (int q = 0; q < B; q++)
-                p[q] = params(c, CLAMP ? min(first + q * 32, end - 1) : first + q * 32, magic, a);
-        }
+        for (int c = 0; c < C; c++)
+            p[c] = params(col, CLAMP ? min(first + c * LIN_STRIPE, end - LIN_SPAN) : first + c * LIN_STRIPE, magic, a);
     }
     // word `word_index` of output row `o`: its CPW weights, in column order.
     __device__ __forceinline__ static void decode(unsigned int word, int word_index, int o,
@@ -181,9 +178,9 @@ struct F16Kind {
     typedef NoParams Column;
     __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
     __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
-    __device__ __forceinline__ static bool regular_groups(const LinearArgs&) { return true; }
-    template <int B, bool CLAMP, bool REGULAR>
-    __device__ __forceinline__ static void batch_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
+    __device__ __forceinline__ static bool chunk_uniform(const LinearArgs&) { return true; }
+    template <int C, bool CLAMP>
+    __device__ __forceinline__ static void chunk_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = low_half(word);
@@ -202,9 +199,9 @@ struct F32Kind {
     typedef NoParams Column;
     __device__ __forceinline__ static Column column(int, const LinearArgs&) { return Column(); }
     __device__ __forceinline__ static Params params(const Column&, int, unsigned, const LinearArgs&) { return Params(); }
-    __device__ __forceinline__ static bool regular_groups(const LinearArgs&) { return true; }
-    template <int B, bool CLAMP, bool REGULAR>
-    __device__ __forceinline__ static void batch_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
+    __device__ __forceinline__ static bool chunk_uniform(const LinearArgs&) { return true; }
+    template <int C, bool CLAMP>
+    __device__ __forceinline__ static void chunk_params(const Column&, int, int, unsigned, const LinearArgs&, Params*) {}
     __device__ __forceinline__ static void decode_with(unsigned int word, int, int, const LinearArgs&,
                                                        const Params&, float* w) {
         w[0] = __uint_as_float(word);

@@ -67,7 +67,9 @@ __device__ __forceinline__ void linear_rows_pair(const LinearArgs& first, const 
 
 // the pair for int4 with half scales and mins (GGUF Q4_0/Q4_1, RTN and GPTQ int4: the decode
 // weights of the models we serve); every other kind keeps two launches. One kind only: each pair
-// is two rows kernels' code, and the int2 and int8 pairs spill on sm_90.
+// is two rows kernels' code, and the int2 and int8 pairs spill on sm_90. One block an SM: within
+// 128 registers (two blocks an SM) the int4 pair spilled on sm_90 once the rows path summed with
+// FFMA (36 B; cuda/README.md), so it gets the registers and runs half the warps an SM.
 typedef QuantKind<4, __half> PairInt4;
-extern "C" __global__ void __launch_bounds__(256, 2)
+extern "C" __global__ void __launch_bounds__(256, 1)
 linear_rows_pair_int4(LINEAR_PAIR_PARAMS(__half)) { tl_dependent_launch(); LINEAR_PAIR_BODY(PairInt4); }

@@ -9,34 +9,49 @@
 #include "norm.cuh"
 
 // The rows kernels are declared __launch_bounds__(256, 2): two blocks per SM, so ptxas
-// budgets 128 registers: a lane holds two batches of LIN_BATCH words with their scales and
-// mins (the one in flight and the one it sums) without spilling (cuda/RESOURCES.md, checked in CI).
+// budgets 128 registers: a lane holds two batches of chunks with their scales and mins (the
+// one in flight and the one it sums) without spilling (cuda/RESOURCES.md, checked in CI).
 #define LIN_WARPS 8                         // warps (output columns) per block on the rows path
 #define LIN_THREADS (LIN_WARPS * 32)
-#define LIN_CHUNK 8                         // rows per register chunk
+#define LIN_CHUNK 4                         // rows per register chunk (8 spilled once the sums were FFMA)
 #ifndef LIN_STAGE_FLOATS
 #define LIN_STAGE_FLOATS 8192               // staged inputs per block (32 KiB): a chunk's whole rows
 #endif                                      // where they fit (tests set it small to make tiles)
 
 // -- the exact rows path ------------------------------------------------------------------------
-// A tile is as many stored words as LIN_STAGE_FLOATS holds for R rows, a multiple of 32 (so word
-// w is always lane w % 32's): a decode row of up to 8192 stored columns is one tile (one
-// barrier pair), an 8-row chunk 1024 columns a tile.
+// Lane l of a column owns, in each stripe of LIN_STRIPE (128) words of its row, the chunk of
+// LIN_SPAN (4) words from 128 s + 4 l on, loaded at once (one 16-byte load), and sums all its
+// words in increasing order (linear_kinds.cuh LIN_SPAN).
+//
+// A tile is as many stored words as LIN_STAGE_FLOATS holds for R rows: a multiple of the stripe
+// where one fits (a decode row of up to 8192 stored columns is one tile, one barrier pair; an
+// 4-row chunk 2048 columns a tile), else of the chunk (LIN_STAGE_FLOATS set small: a tile of
+// half a stripe, whose batches skip the lanes with no chunk in the tile).
+__host__ __device__ constexpr int rows_tile_fit(int cpw, int rows) { return LIN_STAGE_FLOATS / (rows * cpw); }
 __host__ __device__ constexpr int rows_tile_words(int cpw, int rows) {
-    return (LIN_STAGE_FLOATS / (rows * cpw)) / 32 * 32 > 32 ? (LIN_STAGE_FLOATS / (rows * cpw)) / 32 * 32 : 32;
+    return rows_tile_fit(cpw, rows) >= LIN_STRIPE ? rows_tile_fit(cpw, rows) / LIN_STRIPE * LIN_STRIPE
+                                                  : rows_tile_fit(cpw, rows) / LIN_SPAN * LIN_SPAN;
 }
-// Words a lane loads per batch: a batch is in flight while the one before it is summed.
-__host__ __device__ constexpr int rows_batch(int rows) { return rows == 1 ? 8 : rows == 2 ? 4 : 2; }
+// Chunks a lane loads per batch (8 words for a decode row, 4 for more): a batch is in flight
+// while the one before it is summed.
+__host__ __device__ constexpr int rows_batch(int rows) { return rows == 1 ? 2 : 1; }
 
 // The staged inputs, VEC = min(CPW, 4) consecutive slots of a word side by side, so a lane
-// reads its word's inputs for one row with CPW / VEC vector loads, and lanes reading
-// consecutive words read consecutive vectors (no bank conflicts):
-// xs[((r * (CPW / VEC) + slot / VEC) * TW + word) * VEC + slot % VEC] (word within the tile).
+// reads its word's inputs for one row with CPW / VEC vector loads; for one (row, part, word
+// of the chunk) the lanes' vectors are consecutive, so a warp's shared loads meet no bank
+// twice: slot `slot` of tile word w, row r, is
+// xs[staged_vec<PARTS, TW>(r, slot / VEC, w) * VEC + slot % VEC].
 template <int CPW>
 struct StagedVec {
     static const int VEC = CPW < 4 ? CPW : 4;
     static const int PARTS = CPW / VEC;
 };
+template <int PARTS, int TW>
+__device__ __forceinline__ int staged_vec(int r, int part, int w) {
+    static_assert(TW % LIN_SPAN == 0, "a tile is whole chunks");
+    const unsigned u = (unsigned)w;         // >= 0: a shift and a mask, not a signed division
+    return ((r * PARTS + part) * LIN_SPAN + (int)(u % LIN_SPAN)) * (TW / LIN_SPAN) + (int)(u / LIN_SPAN);
+}
 template <int N> struct FloatVec;
 template <> struct FloatVec<1> { typedef float T; };
 template <> struct FloatVec<2> { typedef float2 T; };
@@ -97,61 +112,91 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
                                            const NormStats* st) {
     const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
     const int cols = words * CPW;
-#pragma unroll 4
+#pragma unroll 2
     for (int i = threadIdx.x; i < R * cols; i += LIN_THREADS) {
         int r = i / cols, col = i % cols;
         int word = col / CPW, slot = col % CPW;
-        xs[((r * PARTS + slot / VEC) * TW + word) * VEC + slot % VEC] =
+        xs[staged_vec<PARTS, TW>(r, slot / VEC, word) * VEC + slot % VEC] =
             a.norm ? normed_input<GATE>(a, row0 + r, col0 + col, st[r]) : stored_input<X>(a, row0 + r, col0 + col);
     }
 }
 
-// This lane's words of a batch (lane l: words base + 32 q + l, q < B) of the warp's column,
-// and their scales and mins. CLAMP (a tile's last batch): past `end` a lane loads the tile's
-// last word again instead, so no load waits on a branch; the sums stop at `end`. REGULAR:
-// the launch's groups are Kind::regular_groups (batch_params).
-template <class Kind, int B, bool CLAMP, bool REGULAR = false>
+// This lane's chunks of a batch of the warp's column (chunk c: words base + c LIN_STRIPE + 4 lane
+// .. + 3, one 16-byte load), and their scales and mins. base is a stripe's first word. CLAMP (a
+// batch that may pass `end`: a tile's first and last, the uneven resident loop's): a chunk past
+// `end` loads the tile's last chunk again instead, so no load waits on a branch; the sums skip it.
+template <class Kind, int C, bool CLAMP>
 __device__ __forceinline__ void load_batch(const LinearArgs& a, const unsigned int* row_words,
                                            const typename Kind::Column& column, int base, int end,
-                                           unsigned magic, unsigned int* words, typename Kind::Params* params) {
-    const int lane = threadIdx.x & 31;
-    // one address a batch: the unclamped words are its offsets (128 bytes apart), so no load
+                                           unsigned magic, uint4* chunks, typename Kind::Params* params) {
+    const int first = base + LIN_SPAN * (threadIdx.x & 31);
+    // one address a batch: the unclamped chunks are its offsets (512 bytes apart), so no load
     // computes a 64-bit address of its own
-    const unsigned int* first = row_words + base + lane;
+    const uint4* lines = reinterpret_cast<const uint4*>(row_words + first);
 #pragma unroll
-    for (int q = 0; q < B; q++) {
-        if (CLAMP) words[q] = row_words[min(base + q * 32 + lane, end - 1)];   // sass: linear-rows-weights
-        else words[q] = first[q * 32];                                         // sass: linear-rows-weights
+    for (int c = 0; c < C; c++) {
+        if (CLAMP) chunks[c] = *reinterpret_cast<const uint4*>(row_words + min(first + c * LIN_STRIPE, end - LIN_SPAN));   // sass: linear-rows-weights
+        else chunks[c] = lines[c * (LIN_STRIPE / LIN_SPAN)];                                                              // sass: linear-rows-weights
     }
-    Kind::template batch_params<B, CLAMP, REGULAR>(column, base + lane, end, magic, a, params);
+    Kind::template chunk_params<C, CLAMP>(column, first, end, magic, a, params);
 }
 
-// Add a batch's products to the rows' sums: word by word (lane l's words in order), within a
-// word its columns in order, each row's own accumulator. CHECK: the batch may pass `end`.
-template <class Kind, int R, int B, int TW, bool CHECK>
-__device__ __forceinline__ void sum_batch(const LinearArgs& a, const unsigned int* words,
-                                          const typename Kind::Params* params, int base, int tile, int end,
-                                          int o, const float* xs, float* acc) {
+// The batch in flight becomes the one to sum.
+template <class Kind, int C>
+__device__ __forceinline__ void take_batch(uint4* chunks, typename Kind::Params* params, const uint4* next,
+                                           const typename Kind::Params* next_params) {
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        chunks[c] = next[c];
+        params[c] = next_params[c];
+    }
+}
+
+__device__ __forceinline__ unsigned int chunk_word(const uint4& chunk, int j) {
+    return j == 0 ? chunk.x : j == 1 ? chunk.y : j == 2 ? chunk.z : chunk.w;
+}
+
+// Add a batch's products to the rows' sums: chunk by chunk, word by word (lane l's words in
+// increasing order), within a word its columns in order, each row's own accumulator, each
+// product and sum one FFMA (rounded once). UNIFORM (compile time) or uniform (the launch's,
+// Kind::chunk_uniform): a word's scale and min are its chunk's, loaded with the chunk; else the
+// word's own, loaded here from the launch's arguments (groups narrower than a chunk, an int2
+// row's 64 columns a chunk: the loads wait, but registers for four a chunk in flight, or for
+// the column's pointers held through the sums, spilled the rows kernels). ptxas keeps a copy
+// of the sums for each arm: scripts/sass_loops.py counts the uniform one (TL_MODEL_COMMON_PATH).
+// CHECK: a chunk may lie outside the tile [tile, end) (past `end`, or before a tile narrower
+// than a stripe).
+template <class Kind, int R, int C, int TW, bool CHECK, bool UNIFORM>
+__device__ __forceinline__ void sum_batch(const LinearArgs& a, const uint4* chunks,
+                                          const typename Kind::Params* params, bool uniform, int base, int tile,
+                                          int end, int o, const float* xs, float* acc) {
     const int CPW = Kind::CPW;
     const int VEC = StagedVec<CPW>::VEC, PARTS = StagedVec<CPW>::PARTS;
     typedef typename FloatVec<VEC>::T Vec;
     const Vec* xv = reinterpret_cast<const Vec*>(xs);
-    const int lane = threadIdx.x & 31;
+    const int first = base + LIN_SPAN * (threadIdx.x & 31);
 #pragma unroll
-    for (int q = 0; q < B; q++) {
-        int w = base + q * 32 + lane;
-        if (CHECK && w >= end) break;
-        float weight[CPW];
-        Kind::decode_with(words[q], w, o, a, params[q], weight);
-        int word = w - tile;
+    for (int c = 0; c < C; c++) {
+        const int w = first + c * LIN_STRIPE;
+        if (CHECK && (w < tile || w >= end)) continue;
+        // the chunk's inputs: staged_vec(r, part, w - tile + j) is xc's (r, part, j) offset, a
+        // constant, so the shared loads need no address of their own
+        const Vec* xc = xv + staged_vec<PARTS, TW>(0, 0, w - tile);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int j = 0; j < LIN_SPAN; j++) {
+            float weight[CPW];
+            Kind::decode_with(chunk_word(chunks[c], j), w + j, o, a,
+                              UNIFORM || uniform ? params[c] : Kind::params(Kind::column(o, a), w + j, group_magic(a.group_size), a),
+                              weight);
 #pragma unroll
-            for (int part = 0; part < PARTS; part++) {
-                Vec v = xv[(r * PARTS + part) * TW + word];
+            for (int r = 0; r < R; r++) {
 #pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    acc[r] = tl_add(acc[r], tl_mul(weight[part * VEC + i], vec_at(v, i)));
+                for (int part = 0; part < PARTS; part++) {
+                    Vec v = xc[staged_vec<PARTS, TW>(r, part, j)];
+#pragma unroll
+                    for (int i = 0; i < VEC; i++)
+                        acc[r] = tl_fma(weight[part * VEC + i], vec_at(v, i), acc[r]);
+                }
             }
         }
     }
@@ -270,7 +315,7 @@ __device__ __forceinline__ void kv_fold(const LinearArgs& a) {
 }
 
 // A column's R sums, then its output: every lane gets each row's total; lane r stores row r
-// (one epilogue in the code instead of R, which keeps the 8-row chunk within its registers).
+// (one epilogue in the code instead of R, which keeps the row chunks within their registers).
 template <int R>
 __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int o, const float* acc) {
     const int lane = threadIdx.x & 31;
@@ -283,9 +328,10 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
     if (lane < R) store_output(a, row0 + lane, o, mine);
 }
 
-// Lane l of a column sums its words l, l + 32, l + 64, ... in that order, within a word its
-// columns in order, one accumulator per row: the order the twin follows, the same in both
-// paths below. Only the loads are arranged for the memory system; none of it moves an addition.
+// Lane l of a column sums its words (its chunk of each stripe: 128 s + 4 l .. + 3) in increasing
+// order, within a word its columns in order, one accumulator per row: the order the twin
+// follows, the same in both paths below. Only the loads are arranged for the memory system; none
+// of it moves an addition.
 // A block's warps take columns place_x * 8 + warp, then place_grid_x * 8 further on, ...: the
 // launcher may give fewer blocks than columns / 8 (launch/linear.py column_block_cap), and
 // which block sums a column changes none of its bits.
@@ -293,25 +339,26 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // The chunk's rows fit one tile (every decode row up to 8,192 stored columns): staged once, then
 // each warp runs through its columns back to back, a batch always in flight: the next batch,
 // or the next column's first, loads while this one is summed. No barrier after the staging.
-// EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at 8 words a lane) and
-// its groups regular (Kind::regular_groups: a batch's scales and mins at offsets from its
-// first word's), so no batch is clamped or checked and the loop has one arm.
+// EVEN: the row is whole batches (doc-407m's 256- and 1,024-word rows at two stripes a batch)
+// and its chunks each in one group (Kind::chunk_uniform: a scale and a min a chunk), so no
+// batch is clamped or checked and the loop has one arm.
 template <class Kind, class X, int R, bool EVEN, bool CHAINED>
 __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
-    const int B = rows_batch(R);
-    const int STEP = 32 * B;                // words a batch covers
+    const int C = rows_batch(R);
+    const int STEP = LIN_STRIPE * C;        // words a batch covers
     const int W = a.words_per_row;          // <= TW
     const int o_step = place_grid_x<CHAINED>(a) * LIN_WARPS;
     const unsigned magic = group_magic(a.group_size);
     int o = place_x<CHAINED>(a) * LIN_WARPS + (threadIdx.x >> 5);
     const bool any = o < a.n_out;           // warp-uniform
-    unsigned int words[B], next[B];
-    typename Kind::Params params[B], next_params[B];
+    const bool uniform = EVEN || Kind::chunk_uniform(a);
+    uint4 chunks[C], next[C];
+    typename Kind::Params params[C], next_params[C];
     // a column's pointers are found again at each load (a few instructions a batch), not kept:
     // the registers go to the batches in flight
-    if (any) load_batch<Kind, B, !EVEN, EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, words, params);
+    if (any) load_batch<Kind, C, !EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, chunks, params);
     if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
     stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, 0, W, xs, st);
@@ -330,14 +377,14 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
         if (next_o < a.n_out) {
             const unsigned int* next_words = a.weights + (long long)next_o * W;
             if (EVEN || next_base + STEP <= W)
-                load_batch<Kind, B, false, EVEN>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
+                load_batch<Kind, C, false>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
                                                  next_params);
             else
-                load_batch<Kind, B, true>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
+                load_batch<Kind, C, true>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
                                           next_params);
         }
-        if (EVEN || base + STEP <= W) sum_batch<Kind, R, B, TW, false>(a, words, params, base, 0, W, o, xs, acc);
-        else sum_batch<Kind, R, B, TW, true>(a, words, params, base, 0, W, o, xs, acc);
+        if (EVEN || base + STEP <= W) sum_batch<Kind, R, C, TW, false, EVEN>(a, chunks, params, uniform, base, 0, W, o, xs, acc);
+        else sum_batch<Kind, R, C, TW, true, EVEN>(a, chunks, params, uniform, base, 0, W, o, xs, acc);
         if (last) {
             store_column<R>(a, row0, o, acc);
             if (next_o >= a.n_out) return;
@@ -346,65 +393,62 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
         }
         o = next_o;
         base = next_base;
-#pragma unroll
-        for (int q = 0; q < B; q++) {
-            words[q] = next[q];
-            params[q] = next_params[q];
-        }
+        take_batch<Kind, C>(chunks, params, next, next_params);
     }
 }
 
-// Rows wider than a tile (an 8-row chunk past 1,024 columns): a column per warp at a time, its
+// Rows wider than a tile (a 4-row chunk past 2,048 columns): a column per warp at a time, its
 // tiles staged in turn; a tile's first batch is issued before its inputs are staged, each later
 // batch while the one before it is summed, so no load waits behind a barrier. (With fewer
-// blocks than columns / 8 the tiles are staged again for each column.)
+// blocks than columns / 8 the tiles are staged again for each column.) A tile narrower than a
+// stripe (ALIGNED false) starts inside one: its batches begin at that stripe and skip the lanes
+// whose chunk lies outside the tile.
 template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
-    const int B = rows_batch(R);
-    const int STEP = 32 * B;                // words a batch covers
+    const bool ALIGNED = TW % LIN_STRIPE == 0;
+    const int C = rows_batch(R);
+    const int STEP = LIN_STRIPE * C;        // words a batch covers
     const unsigned magic = group_magic(a.group_size);
+    const bool uniform = Kind::chunk_uniform(a);
     if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);   // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
     for (int c0 = place_x<CHAINED>(a) * LIN_WARPS; c0 < a.n_out; c0 += place_grid_x<CHAINED>(a) * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
         const bool active = o < a.n_out;    // warp-uniform
-        const unsigned int* row_words = a.weights + (long long)(active ? o : 0) * a.words_per_row;
-        const typename Kind::Column column = Kind::column(active ? o : 0, a);
+        // the column's pointers are found again at each load, not held through the sums (their
+        // registers spilled the row chunks' loop)
+        const int loaded = active ? o : 0;
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
         for (int tile = 0; tile < a.words_per_row; tile += TW) {
             const int end = min(tile + TW, a.words_per_row);
-            unsigned int words[B], next[B];
-            typename Kind::Params params[B], next_params[B];
-            load_batch<Kind, B, true>(a, row_words, column, tile, end, magic, words, params);
+            const int start = ALIGNED ? tile : tile - tile % LIN_STRIPE;   // the stripe the tile begins in
+            uint4 chunks[C], next[C];
+            typename Kind::Params params[C], next_params[C];
+            load_batch<Kind, C, true>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
+                                      start, end, magic, chunks, params);
             __syncthreads();                // the previous tile's readers are done with xs
             stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, tile * CPW, end - tile, xs, st);
             __syncthreads();
-            int base = tile;
+            int base = start;
             // whole batches while the next one is whole too: no clamps, no checks
             for (; base + 2 * STEP <= end; base += STEP) {
-                load_batch<Kind, B, false>(a, row_words, column, base + STEP, end, magic, next, next_params);
-                if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
-#pragma unroll
-                for (int q = 0; q < B; q++) {
-                    words[q] = next[q];
-                    params[q] = next_params[q];
-                }
+                load_batch<Kind, C, false>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
+                                           base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, C, TW, !ALIGNED, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
+                take_batch<Kind, C>(chunks, params, next, next_params);
             }
             if (base + STEP < end) {        // a whole batch, then a partial one
-                load_batch<Kind, B, true>(a, row_words, column, base + STEP, end, magic, next, next_params);
-                if (active) sum_batch<Kind, R, B, TW, false>(a, words, params, base, tile, end, o, xs, acc);
-#pragma unroll
-                for (int q = 0; q < B; q++) {
-                    words[q] = next[q];
-                    params[q] = next_params[q];
-                }
+                load_batch<Kind, C, true>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
+                                          base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, C, TW, !ALIGNED, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
+                take_batch<Kind, C>(chunks, params, next, next_params);
                 base += STEP;
             }
-            if (active) sum_batch<Kind, R, B, TW, true>(a, words, params, base, tile, end, o, xs, acc);
+            if (active) sum_batch<Kind, R, C, TW, true, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
         }
         if (active) store_column<R>(a, row0, o, acc);
     }
@@ -415,10 +459,11 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
 template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
+    static_assert(rows_tile_words(Kind::CPW, R) >= LIN_SPAN, "a tile holds at least a chunk");
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
-        if (a.words_per_row % (32 * rows_batch(R)) == 0 && Kind::regular_groups(a))
+        if (a.words_per_row % (LIN_STRIPE * rows_batch(R)) == 0 && Kind::chunk_uniform(a))
             rows_resident<Kind, X, R, true, CHAINED>(a, row0, xs, st, slots);
         else rows_resident<Kind, X, R, false, CHAINED>(a, row0, xs, st, slots);
     } else {

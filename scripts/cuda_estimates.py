@@ -188,7 +188,7 @@ class LoopFigures:
 
 def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigures | None:
     """The loop a kernel streams its bytes in, from cuda/SASS.md: for linear_rows_*, the batch
-    loop of the 8-row chunk (rows > 1) or the 1-row one; for attention_*, the tile loader's row loop (the outer of its tagged
+    loop of the 4-row chunk (rows > 1) or the 1-row one; for attention_*, the tile loader's row loop (the outer of its tagged
     loops, which holds the inner once)."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get(kernel, {}).get("loops", [])
@@ -197,7 +197,8 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
     if kernel.startswith("linear_rows"):
         # a chunk's batch loop (linear.cu): for one row, the resident loop (rows_resident, tagged)
         # in its even form (whole batches: one arm, the fewest instructions); for more rows, the
-        # 8-row chunk's tile loop, the innermost loop (holding no other) with the most sums.
+        # 4-row chunk's batch loop, the innermost loop (holding no other) that reads the most
+        # staged inputs a weight chunk.
         # Either loads the next batch while it sums this one: one batch a warp in flight, one
         # round an iteration.
         cpw = linear_launch.COLUMNS_PER_WORD.get(kernel.split("_")[2], 8)
@@ -205,19 +206,20 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
                      if not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"] for o in loops)]
         # one row's loop: the fewest float operations a word (a second row adds its product and
         # sum to each weight's decoding; how many the decoding takes depends on the kind)
-        resident = [l for l in innermost if "linear-rows-resident" in l["tags"] and l["widths"].get("4", 0)]
+        resident = [l for l in innermost if "linear-rows-resident" in l["tags"] and l["widths"].get("16", 0)]
         if resident:
-            fewest = min(l["float_ops"] / l["widths"]["4"] for l in resident)
-            resident = [l for l in resident if l["float_ops"] / l["widths"]["4"] == fewest]
+            fewest = min(l["float_ops"] / l["widths"]["16"] for l in resident)
+            resident = [l for l in resident if l["float_ops"] / l["widths"]["16"] == fewest]
         tiled = [l for l in innermost if "linear-rows-resident" not in l["tags"]]
         if rows == 1 and resident:
             loop = min(resident, key=lambda l: l["instructions"])
         else:
-            loop = max(tiled or loops, key=lambda l: l["float_ops"])
-        # from DRAM: each word (a 4-byte load) and its share of a group's half scale and min,
-        # which every lane loads for itself (2-byte loads) but 32 / CPW lanes share (groups of
-        # 32 columns, as step_rows counts them)
-        words = loop["widths"].get("4", 0)
+            # the 4-row chunk's: the most shared loads (a row's inputs) a 16-byte weight load
+            loop = max(tiled or loops, key=lambda l: l["shared_loads"] / max(l["widths"].get("16", 0), 1))
+        # from DRAM: each word (a lane's chunk of 4 words: one 16-byte load, the loop's only one)
+        # and its share of a group's half scale and min, which a lane loads once a chunk (groups
+        # of 32 columns, as step_rows counts them)
+        words = 4 * loop["widths"].get("16", 0)
         params = words * 4 * cpw / 32 if "_int" in kernel else 0
         return LoopFigures(loop["instructions"], words * 4 + params, 1)
     elif staged := [l for l in loops if "attention-stage" in l["tags"]]:
@@ -259,6 +261,12 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict
     # the last block: its counter's atomic, then a split's partial a round trip (L2)
     return {"partials": partials, "detail": {**detail, "splits": splits}, "fraction": detail["fraction"],
             "extra_s": LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0}
+
+
+def rows_chunk() -> int:
+    """Rows a rows kernel sums at once (cuda/linear_rows.cuh LIN_CHUNK): each chunk reads the weights."""
+    m = re.search(r"#define LIN_CHUNK (\d+)", (ROOT / "cuda" / "linear_rows.cuh").read_text())
+    return int(m.group(1))
 
 
 def queries_share_blocks() -> bool:
@@ -309,9 +317,9 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     argmax: a few KiB each) count at full bandwidth: their launch is their cost (the KV write's
     plus the round trip of its load; folded into the qkv linear, two round trips at its end).
 
-    rows = 16: the same step for a 16-row verify. The linear runs two 8-row chunks, each with
-    the 8-row loop's figures and each reading the weights (the second from L2, counted at
-    HBM's rate); attention runs 16 queries' blocks, each reading its keys and values (from L2
+    rows = 16: the same step for a 16-row verify. The linear runs four 4-row chunks (LIN_CHUNK),
+    each with the 4-row loop's figures and each reading the weights (the later ones from L2,
+    counted at HBM's rate); attention runs 16 queries' blocks, each reading its keys and values (from L2
     after the first, counted likewise): both pessimistic where L2 serves faster than HBM.
 
     mma: the int4 linears on linear_mma_int4 (mma_call): 1-16 rows read the weights once.
@@ -346,9 +354,11 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
         elif name in linear_warps:
             kernel = f"linear_rows_int{s['head_bits']}" if name.endswith("head") else f"linear_rows_{kind}"
             loop = hot_loop(kernel, rows, sass)
+            # the pair runs the same rows code at its own occupancy (its registers: one block an SM)
+            resident = resident_warps("linear_rows_pair_int4" if name.startswith("linear_rows_pair") else kernel, 256)
             if loop:
-                detail = expected_fraction(loop, resident_warps(kernel, 256), linear_warps[name])
-            nbytes *= -(-rows // 8)                                   # one read per 8-row chunk
+                detail = expected_fraction(loop, resident, linear_warps[name])
+            nbytes *= -(-rows // rows_chunk())                        # one read per row chunk
             if name == QKV_FOLDED:
                 # after its last column a warp fences and counts (an atomic's round trip); the
                 # warp completing a head then loads its row (another) and stores it

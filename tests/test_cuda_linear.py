@@ -7,6 +7,7 @@ import pytest
 
 from tinyloop.backends.reference.backend import NumpyBackend
 from tinyloop.backends.reference.twins import linear as twin
+from tinyloop.backends.reference.twins.arith import fma_f32, warp_sum
 from tinyloop.backends.cuda.launch import linear as launch
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.model.quant import QuantizedTensor, dequantize, quantize_rtn
@@ -97,10 +98,10 @@ def test_rows_kernel_equals_twin(kernel_device, kind, scale_dtype, rows):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_kernel_several_tiles_and_act_order(kernel_device, kind):
-    """An 8-row chunk stages 1,024 stored columns a tile (LIN_STAGE_FLOATS / 8): 1,100 inputs
+    """A 4-row chunk stages 2,048 stored columns a tile (LIN_STAGE_FLOATS / 4): 2,200 inputs
     take two tiles, with a permutation, and the ninth row (a 1-row chunk) takes them in one."""
     rng = np.random.default_rng(7)
-    n_in = 1100
+    n_in = 2200
     parts = [weight_part(kind, rng, 9, n_in, group=64, act_order=kind.startswith("int"))]
     x = inputs(rng, 9, n_in)
     assert_bits_equal(run_kernel(kernel_device, parts, None, x), twin_rows(parts, None, x))
@@ -121,7 +122,7 @@ def test_one_row_wider_than_its_stage(kernel_device, kind):
 def test_groups_found_by_multiply_equal_division(kernel_device, group):
     """The rows kernels find a word's group with a high multiply (linear_kinds.cuh group_magic):
     groups of every kind of size (a power of two or not, under a word's 8 columns or over a
-    lane round's 256) give the twin's bits, whose groups come from a division."""
+    lane's chunk of 32) give the twin's bits, whose groups come from a division."""
     rng = np.random.default_rng(group)
     parts = [weight_part("int4" if group % 8 == 0 else "int8", rng, 9, 1000, group=group)]
     x = inputs(rng, 2, 1000)
@@ -132,10 +133,10 @@ def test_groups_found_by_multiply_equal_division(kernel_device, group):
 def test_whole_batches_past_the_last_group_borrow_it(kernel_device, kind, group, n_in):
     """Rows whose 16-byte padding holds a word past the last group (int4 in groups of 8 over
     2,040 columns: 255 words of groups, 256 stored), in whole batches (one row: 256 words a
-    batch, the resident loop with no clamped batch), where a batch's groups are found from its
-    first word's: the padding word borrows the last group's scale and min as the twin's does,
-    and no load reads past a row's groups (the last row's would fault: the harness's arrays end
-    against an inaccessible page)."""
+    batch): groups narrower than a chunk, so each word finds its own as it is summed; the
+    padding word borrows the last group's scale and min as the twin's does, and no load reads
+    past a row's groups (the last row's would fault: the harness's arrays end against an
+    inaccessible page). (Where a chunk is one group, the rows are whole groups: no padding.)"""
     rng = np.random.default_rng(group)
     parts = [weight_part(kind, rng, 9, n_in, group=group)]
     x = inputs(rng, 1, n_in)
@@ -144,10 +145,10 @@ def test_whole_batches_past_the_last_group_borrow_it(kernel_device, kind, group,
 
 @pytest.mark.parametrize("kind,group,n_in", [("int4", 512, 2048), ("int4", 32, 2048), ("int8", 128, 1024)])
 def test_whole_batches_find_each_words_group(kernel_device, kind, group, n_in):
-    """One row in whole batches (linear.cu's resident loop, no clamped batch): where the group
-    size divides a batch step's 32 x CPW columns, a batch's groups are found from its first
-    word's at fixed offsets (linear_kinds.cuh regular_groups); groups of 512 int4 columns span
-    two batch steps, so their words find each group on its own, as the twin's division does."""
+    """One row in whole batches (linear.cu's resident loop, no clamped batch), each chunk of 4
+    words in one group (linear_kinds.cuh chunk_uniform): a scale and a min a chunk, found from
+    its first word, as the twin's division finds it (groups of 512 int4 columns: half a stripe,
+    16 lanes' chunks a group; of 32: one chunk a group)."""
     rng = np.random.default_rng(group + n_in)
     parts = [weight_part(kind, rng, 9, n_in, group=group)]
     x = inputs(rng, 1, n_in)
@@ -175,12 +176,12 @@ def test_capped_grid_runs_columns_back_to_back(kernel_device, kind, scale_dtype,
 
 def test_capped_grid_on_the_tiled_path(kernel_device, monkeypatch):
     """The kernel takes a capped grid on its tiled path too (the launcher caps only resident
-    calls): 9 rows (an 8-row chunk over two tiles, then a resident 1-row chunk), 45 columns on
-    2 blocks: the twin's bits."""
+    calls): 9 rows (two 4-row chunks over two tiles, then a resident 1-row chunk), 45 columns
+    on 2 blocks: the twin's bits."""
     monkeypatch.setattr(launch, "rows_resident", lambda seg, n_rows: True)
     rng = np.random.default_rng(47)
-    parts = [weight_part("int4", rng, 45, 1100, 32)]
-    x = inputs(rng, 9, 1100)
+    parts = [weight_part("int4", rng, 45, 2200, 32)]
+    x = inputs(rng, 9, 2200)
     assert_bits_equal(run_kernel(kernel_device, parts, None, x, cap=2), twin_rows(parts, None, x))
 
 
@@ -201,6 +202,8 @@ def test_group_lookup_bound_is_checked():
     with pytest.raises(ValueError, match="group"):
         launch.check_group_lookup(SimpleNamespace(kind="int4", words_per_row=1 << 16, group_size=1 << 13))
     launch.check_group_lookup(SimpleNamespace(kind="f16", words_per_row=1 << 20, group_size=0))
+    with pytest.raises(ValueError, match="whole 16-byte lines"):     # a lane's 16-byte load would straddle rows
+        launch.check_group_lookup(SimpleNamespace(kind="f32", words_per_row=102, group_size=0))
 
 
 def test_fused_segments_fill_one_output(kernel_device):
@@ -462,6 +465,33 @@ def test_twin_close_to_float64():
     assert np.all(np.abs(twin_rows(parts, None, x) - expected) <= 1e-6 * magnitude(x, parts))
 
 
+@pytest.mark.parametrize("kind,n_in", [("int4", 2100), ("f32", 300), ("int2", 700)])
+def test_twin_follows_the_lane_order_written_out(kind, n_in):
+    """The twin's sums against the rows path's order written out word by word (cuda/linear.cu):
+    lane l owns the chunk of 4 words from 128 s + 4 l on in each stripe s of 128 words and adds
+    its words' products in increasing order, within a word its columns in order, each with one
+    rounding (fma_f32); then the butterfly, then the bias. 2,100 int4 inputs: 263 words, two
+    whole stripes and a partial one."""
+    rng = np.random.default_rng(23)
+    parts = [weight_part(kind, rng, 3, n_in)]
+    bias = rng.standard_normal(3).astype(np.float32)
+    x = inputs(rng, 2, n_in)
+    seg = pack_linear(parts, bias, np, keep_f16=True).segments[0]
+    weights = twin.stored_weights(seg)                                         # (out, columns)
+    stored = twin.stored_inputs(x, seg, n_in)                                  # (T, columns)
+    cpw = launch.COLUMNS_PER_WORD[kind]
+    expected = np.zeros((2, 3), np.float32)
+    for t in range(2):
+        for o in range(3):
+            lanes = np.zeros(32, np.float32)
+            for w in range(seg.words_per_row):
+                lane = w % 128 // 4
+                for col in range(w * cpw, (w + 1) * cpw):
+                    lanes[lane] = fma_f32(weights[o, col], stored[t, col], lanes[lane])
+            expected[t, o] = warp_sum(lanes) + bias[o]
+    assert_bits_equal(twin.linear_rows_segment(x, seg, n_in), expected)
+
+
 # -- packing -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bits,group,n_in,act_order", [(2, 8, 50, False), (4, 32, 100, True),
                                                        (8, 6, 45, True), (4, 128, 576, False)])
@@ -615,7 +645,7 @@ def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None
     return device.to_host(out)
 
 
-@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 1100, None), (3, 80, None)])
+@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 2200, None), (3, 80, None)])
 @pytest.mark.parametrize("norm,with_bias", [("rms", False), ("layer", False), ("layer", True)])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("kind", ["int4", "int8", "f16", "f32"])
@@ -624,7 +654,7 @@ def test_a_fused_norm_gives_the_bits_of_the_norm_launch_then_the_linear(kernel_d
     """The rows kernels staging norm(h) (rms, layer, layer with a bias; its output as float or
     rounded to half) give the bits of the norm kernel then the linear, and the twins' (the norm
     twin, half where half, then the linear twin): decode rows on the resident path (capped grid
-    too), 2 rows, an 8-row chunk over two tiles then a 1-row chunk, act-order weights."""
+    too), 2 rows, 4-row chunks over two tiles then a 1-row chunk, act-order weights."""
     from tinyloop.backends.reference.twins import elementwise as twin_elementwise
     rng = np.random.default_rng(rows * 1000 + n_in)
     parts = [weight_part(kind, rng, 21, n_in, group=32, act_order=kind.startswith("int"))]
@@ -679,7 +709,7 @@ def swiglu_linear_call(device, parts, bias, up, half, cap=None, fused=True, resi
     return device.to_host(out)
 
 
-@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 1100, None), (3, 80, None)])
+@pytest.mark.parametrize("rows,n_in,cap", [(1, 300, None), (1, 2048, 2), (2, 700, 3), (9, 2200, None), (3, 80, None)])
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("kind", ["int4", "int8", "f16"])
 def test_a_fused_swiglu_gives_the_bits_of_the_swiglu_launch_then_the_linear(kernel_device, kind, half, rows, n_in,
@@ -687,7 +717,7 @@ def test_a_fused_swiglu_gives_the_bits_of_the_swiglu_launch_then_the_linear(kern
     """The rows kernels staging swiglu(up) from the up projection's [gate | up] output (as float
     or rounded to half) give the bits of the swiglu kernel then the linear, and the twins' (the
     swiglu twin, half where half, then the linear twin): decode rows on the resident path (capped
-    grid too), 2 rows, an 8-row chunk over two tiles then a 1-row chunk, act-order weights; with
+    grid too), 2 rows, 4-row chunks over two tiles then a 1-row chunk, act-order weights; with
     the residual add in the same launch."""
     from tinyloop.backends.reference.twins import elementwise as twin_elementwise
     rng = np.random.default_rng(rows * 1000 + n_in + 7)

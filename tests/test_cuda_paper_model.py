@@ -94,8 +94,8 @@ def test_the_model_reads_the_kernels_hot_loops():
     stage = cuda_estimates.hot_loop("attention_fp16")
     assert stage is not None and stage.rounds == 1 and stage.bytes_per_lane >= 8 * 16
     one_row = cuda_estimates.hot_loop("linear_rows_int4", 1)
-    # a batch of 8 words a lane, each with its share of a 32-column group's half scale and min
-    # (4 lanes' words share one): 40 bytes a lane from DRAM, one round an iteration
+    # a batch of two chunks of 4 words a lane (two 16-byte loads), each chunk with a 32-column
+    # group's half scale and min: 40 bytes a lane from DRAM, one round an iteration
     assert one_row is not None and one_row.bytes_per_lane == 8 * (4 + 4 * 8 / 32) and one_row.rounds == 1
 
 
@@ -203,7 +203,7 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
     """With the pair (TINYLOOP_CUDA_PAIR=1, int4 weights on the fused path) the up projection
     moves the same bytes but launches nothing of its own: doc-407m 173 -> 139 launches a step (one
     a layer instance fewer, 34), SmolLM2 153 -> 123; its time pays the handoff, two round trips,
-    instead of the launch gap. Off (the default), or on the tensor-core rows (no fold), nothing
+    instead of the launch gap, and the pair kernel's lower occupancy. Off (the default), or on the tensor-core rows (no fold), nothing
     pairs."""
     for name, instances, plain_launches in (("doc-407m (8 loops)", 34, 173), ("SmolLM2-135M", 30, 153)):
         shape = cuda_estimates.SHAPES[name]
@@ -218,6 +218,13 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
         up = cuda_estimates.UP_PAIRED if shape["mlp"] == "swiglu" else cuda_estimates.UP_PAIRED_GELU
         up_apart = "linear_rows up" + ("" if shape["mlp"] == "swiglu" else " (+ GELU)")
         handoff = 2 * cuda_estimates.LATENCY_S - cuda_estimates.LAUNCH_GAP_S
-        assert timed[up]["us"] - apart[up_apart]["us"] == pytest.approx(handoff * 1e6)
+        # and streams its bytes at the pair kernel's occupancy: one block an SM (183 registers on
+        # sm_90: 5,888 a warp, 65,536 / (8 x 5,888) = 1 block of 8 warps), half the single call's
+        assert cuda_estimates.resident_warps("linear_rows_pair_int4", 256) == 8
+        assert cuda_estimates.resident_warps("linear_rows_int4", 256) == 16
+        assert timed[up]["fraction"] < apart[up_apart]["fraction"]
+        moved = timed[up]["bytes"] / cuda_estimates.HBM
+        slower = moved / timed[up]["fraction"] - moved / apart[up_apart]["fraction"]
+        assert timed[up]["us"] - apart[up_apart]["us"] == pytest.approx((handoff + slower) * 1e6)
     int8 = dict(cuda_estimates.SHAPES["doc-407m (8 loops)"], core_bits=8)
     assert cuda_estimates.launches(cuda_estimates.step_rows(int8, paired=True)) == 173   # no int8 pair

@@ -103,8 +103,10 @@ def mma_split_k(stored_columns: int, n_out: int) -> int:
 
 
 def rows_tile_words(cpw: int, rows: int) -> int:
-    """linear.cu rows_tile_words: stored words of a chunk of `rows` rows staged at once."""
-    return max(32, ROWS_STAGE_FLOATS // (rows * cpw) // 32 * 32)
+    """linear_rows.cuh rows_tile_words: stored words of a chunk of `rows` rows staged at once, a
+    multiple of a stripe (128 words) where one fits, else of a chunk (4 words)."""
+    fit = ROWS_STAGE_FLOATS // (rows * cpw)
+    return fit // 128 * 128 if fit >= 128 else fit // 4 * 4
 
 
 def rows_resident(seg, n_rows: int) -> bool:
@@ -340,8 +342,13 @@ def _check_kv_fold(kv: KvFold, exact: bool, mma, activation, out) -> None:
 
 
 def check_group_lookup(seg) -> None:
-    """The rows kernels find a word's group as __umulhi(column, ceil(2^32 / group_size))
-    (cuda/linear_kinds.cuh group_magic), exact while stored columns x group_size < 2^32."""
+    """The rows kernels load a lane's 4 words at once (16 bytes: cuda/linear_rows.cuh), so a
+    row is whole 16-byte lines (pack_linear pads it so); and they find a word's group as
+    __umulhi(column, ceil(2^32 / group_size)) (cuda/linear_kinds.cuh group_magic), exact
+    while stored columns x group_size < 2^32."""
+    if seg.words_per_row % 4:
+        raise ValueError(f"the rows kernels read weight rows of whole 16-byte lines, got {seg.words_per_row} "
+                         f"words a row (pack_linear pads them)")
     if not seg.kind.startswith("int"):
         return
     columns = seg.words_per_row * COLUMNS_PER_WORD[seg.kind]

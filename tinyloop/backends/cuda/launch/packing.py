@@ -196,7 +196,7 @@ def _quantized_part(tensor: QuantizedTensor, index: int) -> _HostPart:
                              f"(the stored width), got {perm.dtype} of shape {perm.shape}")
         perm = perm.astype(np.int32)
     # zero bytes pad rows to whole 16-byte lines: each row starts 16-byte aligned, as the
-    # 128-bit loads of linear_mma.cu need (the other kernels read any whole number of words)
+    # 128-bit loads of linear_mma.cu and of the rows kernels (a lane's 4 words) need
     lines = -(-row_bytes // 16)
     stored = np.zeros((n_out, lines * 16), np.uint8)
     stored[:, :row_bytes] = codes

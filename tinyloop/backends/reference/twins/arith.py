@@ -1,4 +1,5 @@
-"""Twins of cuda/common.cuh: the exp polynomial and the warp butterfly sum, float32 op for op."""
+"""Twins of cuda/common.cuh: the exp polynomial, the fused multiply-add and the warp butterfly
+sum, float32 op for op."""
 import numpy as np
 
 F = np.float32
@@ -36,3 +37,23 @@ def warp_sum(lanes: np.ndarray) -> np.ndarray:
     for offset in (16, 8, 4, 2, 1):
         v = v + v[..., lane ^ offset]
     return v[..., 0]
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """tl_fma (__fmaf_rn): float32 a * b + c rounded once to float32, elementwise.
+
+    The product is exact in float64 (24 + 24 significant bits), and the float64 sum s with
+    its exact error e (TwoSum) is the exact value s + e. Rounding s + e to float64 "to odd"
+    (an inexact s whose last bit is even moves one step towards e) and then to float32
+    rounds the exact value once: float64 keeps more than float32's bits + 2, which is what
+    rounding to odd first needs. Special values (infinities, NaN) take the float64 sum."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.asarray(a, F).astype(np.float64) * np.asarray(b, F).astype(np.float64)
+        c = np.asarray(c, F).astype(np.float64)
+        s = p + c
+        t = s - p
+        e = (p - (s - t)) + (c - t)                        # s + e == p + c exactly (finite s)
+        even = (s.view(np.int64) & 1) == 0
+        move = np.isfinite(s) & (e != 0) & even
+        s = np.where(move, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+        return s.astype(F)

@@ -1,9 +1,10 @@
 """Twin of cuda/linear.cu on a host PackedLinear (pack_linear(..., xp=numpy)).
 
 `linear_rows` does what linear_rows_* do, float32 operation for operation: lane l of
-column o sums, in order, the products weight * input of the words l, l+32, ... of its
-row (within a word, its columns in order); the 32 lane sums go through the warp
-butterfly; then the bias is added. Vectorised over rows, columns and lanes.
+column o adds, in order, the products weight * input of its words of the row, each with
+one rounding (acc = fma(weight, input, acc)): in each stripe of 128 words, the chunk of 4
+from 128 s + 4 l on (within a word, its columns in order); the 32 lane sums go through
+the warp butterfly; then the bias is added. Vectorised over rows, columns and lanes.
 
 `linear_mma` does what linear_mma_int4 (cuda/linear_mma.cu) does on the CPU harness, float32
 operation for operation: the weights rounded once to half, x rounded to half, each split's
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tinyloop.backends.reference.twins.arith import warp_sum
+from tinyloop.backends.reference.twins.arith import fma_f32, warp_sum
 from tinyloop.backends.cuda.launch.linear import mma_eligible, mma_split_k
 from tinyloop.backends.cuda.launch.packing import (
     COLUMNS_PER_WORD,
@@ -29,6 +30,7 @@ from tinyloop.backends.cuda.launch.packing import (
 )
 
 F = np.float32
+SPAN = 4                        # words a lane loads at once (linear_kinds.cuh LIN_SPAN): 32 lanes, a stripe of 128
 
 
 def stored_weights(seg: LinearSegment) -> np.ndarray:
@@ -78,22 +80,27 @@ def linear_rows_segment(x: np.ndarray, seg: LinearSegment, in_features: int,
 
 
 def _warp_sums(inputs: np.ndarray, weights: np.ndarray, seg: LinearSegment) -> np.ndarray:
-    """(T, columns) inputs, (n, columns) weights -> (T, n): lane sums in word order, then
-    the butterfly."""
+    """(T, columns) inputs, (n, columns) weights -> (T, n): lane sums in word order, each
+    product added with one rounding (tl_fma), then the butterfly."""
     cpw = COLUMNS_PER_WORD[seg.kind]
     rows, n = inputs.shape[0], weights.shape[0]
     words = seg.words_per_row
-    rounds = -(-words // 32)
-    products = weights[None, :, :] * inputs[:, None, :]                # (T, n, words * cpw)
-    # words past the row's end add nothing: their products are +0 (an accumulator that
-    # starts at +0 never becomes -0, so adding +0 leaves its bits alone)
-    padded = np.zeros((rows, n, rounds * 32, cpw), F)
-    padded[:, :, :words] = products.reshape(rows, n, words, cpw)
-    padded = padded.reshape(rows, n, rounds, 32, cpw)                  # word = round * 32 + lane
+    stripes = -(-words // (32 * SPAN))
+    # the last stripe's words past the row's end are zeros here and never summed (as on the
+    # device: an FMA's +0 would turn an accumulator's -0 into +0)
+    w = np.zeros((n, stripes * 32 * SPAN, cpw), F)
+    w[:, :words] = weights.reshape(n, words, cpw)
+    x = np.zeros((rows, stripes * 32 * SPAN, cpw), F)
+    x[:, :words] = inputs.reshape(rows, words, cpw)
+    w = w.reshape(n, stripes, 32, SPAN, cpw)                           # word = (stripe * 32 + lane) * SPAN + j
+    x = x.reshape(rows, stripes, 32, SPAN, cpw)
     lanes = np.zeros((rows, n, 32), F)                                 # (T, n, lane)
-    for q in range(rounds):
-        for slot in range(cpw):
-            lanes = lanes + padded[:, :, q, :, slot]
+    for stripe in range(stripes):
+        in_row = (stripe * 32 + np.arange(32)) * SPAN < words           # (lane,): the lane's chunk is stored
+        for j in range(SPAN):
+            for slot in range(cpw):
+                summed = fma_f32(w[None, :, stripe, :, j, slot], x[:, None, stripe, :, j, slot], lanes)
+                lanes = np.where(in_row, summed, lanes)
     return warp_sum(lanes)                                             # (T, n)
 
 
