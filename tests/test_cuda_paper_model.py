@@ -203,8 +203,8 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
     """With the pair (TINYLOOP_CUDA_PAIR=1, int4 weights on the fused path) the up projection
     moves the same bytes but launches nothing of its own: doc-407m 173 -> 139 launches a step (one
     a layer instance fewer, 34), SmolLM2 153 -> 123; its time pays the handoff, two round trips,
-    instead of the launch gap, and the pair kernel's lower occupancy. Off (the default), or on the tensor-core rows (no fold), nothing
-    pairs."""
+    instead of the launch gap, and the pair kernel's lower occupancy. Off (the default), or on
+    the tensor-core rows (no fold), nothing pairs."""
     for name, instances, plain_launches in (("doc-407m (8 loops)", 34, 173), ("SmolLM2-135M", 30, 153)):
         shape = cuda_estimates.SHAPES[name]
         plain, paired = cuda_estimates.step_rows(shape), cuda_estimates.step_rows(shape, paired=True)
