@@ -40,11 +40,11 @@
 // stored columns at once (one barrier pair for the whole call), a 4-row chunk 2,048 columns
 // a tile; a word's inputs of a row 4 at a time side by side (int4: two such planes), so a lane
 // reads them with one (int4: two) 16-byte shared loads, the lanes of a warp consecutive
-// vectors (no bank conflicts). The weights stream in batches of two chunks a lane for a decode row (one for
-// more rows), each with its scale and min where the chunk is one group (Kind::chunk_uniform;
-// otherwise each word's is loaded as it is summed): a tile's first batch is issued before the
-// barrier, every later one while the batch before it is summed, so a warp always has a batch
-// in flight. A word's group comes from a high multiply (linear_kinds.cuh group_magic), not a
+// vectors (no bank conflicts). The weights stream in batches of two chunks a lane for a decode
+// row (one for more rows), each with its scale and min where the chunk is one group
+// (Kind::chunk_uniform; otherwise each word's is loaded as it is summed): a tile's first batch
+// is issued before the barrier, every later one while the batch before it is summed, so a warp
+// always has a batch in flight. A word's group comes from a high multiply (linear_kinds.cuh group_magic), not a
 // division.
 // A launch may carry the pre-norm (a.norm, launch/linear.py NormFold): x is then the residual
 // stream h, each chunk's rows get their statistics from norm.cuh (the norm kernels' code) and

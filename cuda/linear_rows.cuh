@@ -16,21 +16,18 @@
 #define LIN_CHUNK 4                         // rows per register chunk (8 spilled once the sums were FFMA)
 #ifndef LIN_STAGE_FLOATS
 #define LIN_STAGE_FLOATS 8192               // staged inputs per block (32 KiB): a chunk's whole rows
-#endif                                      // where they fit (tests set it small to make tiles)
+#endif                                      // where they fit
 
 // -- the exact rows path ------------------------------------------------------------------------
 // Lane l of a column owns, in each stripe of LIN_STRIPE (128) words of its row, the chunk of
 // LIN_SPAN (4) words from 128 s + 4 l on, loaded at once (one 16-byte load), and sums all its
 // words in increasing order (linear_kinds.cuh LIN_SPAN).
 //
-// A tile is as many stored words as LIN_STAGE_FLOATS holds for R rows: a multiple of the stripe
-// where one fits (a decode row of up to 8192 stored columns is one tile, one barrier pair; an
-// 4-row chunk 2048 columns a tile), else of the chunk (LIN_STAGE_FLOATS set small: a tile of
-// half a stripe, whose batches skip the lanes with no chunk in the tile).
-__host__ __device__ constexpr int rows_tile_fit(int cpw, int rows) { return LIN_STAGE_FLOATS / (rows * cpw); }
+// A tile is as many whole stripes as LIN_STAGE_FLOATS holds for R rows (a decode row of up to
+// 8192 stored columns is one tile, one barrier pair; a 4-row chunk 2048 columns a tile), so a
+// lane's chunks of a tile are its chunks of whole stripes (rows_chunk asserts one fits).
 __host__ __device__ constexpr int rows_tile_words(int cpw, int rows) {
-    return rows_tile_fit(cpw, rows) >= LIN_STRIPE ? rows_tile_fit(cpw, rows) / LIN_STRIPE * LIN_STRIPE
-                                                  : rows_tile_fit(cpw, rows) / LIN_SPAN * LIN_SPAN;
+    return LIN_STAGE_FLOATS / (rows * cpw) / LIN_STRIPE * LIN_STRIPE;
 }
 // Chunks a lane loads per batch (8 words for a decode row, 4 for more): a batch is in flight
 // while the one before it is summed.
@@ -48,7 +45,6 @@ struct StagedVec {
 };
 template <int PARTS, int TW>
 __device__ __forceinline__ int staged_vec(int r, int part, int w) {
-    static_assert(TW % LIN_SPAN == 0, "a tile is whole chunks");
     const unsigned u = (unsigned)w;         // >= 0: a shift and a mask, not a signed division
     return ((r * PARTS + part) * LIN_SPAN + (int)(u % LIN_SPAN)) * (TW / LIN_SPAN) + (int)(u / LIN_SPAN);
 }
@@ -121,14 +117,16 @@ __device__ __forceinline__ void stage_rows(const LinearArgs& a, int row0, int co
     }
 }
 
-// This lane's chunks of a batch of the warp's column (chunk c: words base + c LIN_STRIPE + 4 lane
-// .. + 3, one 16-byte load), and their scales and mins. base is a stripe's first word. CLAMP (a
-// batch that may pass `end`: a tile's first and last, the uneven resident loop's): a chunk past
-// `end` loads the tile's last chunk again instead, so no load waits on a branch; the sums skip it.
+// This lane's chunks of a batch of column o (chunk c: words base + c LIN_STRIPE + 4 lane .. + 3,
+// one 16-byte load), and their scales and mins. base is a stripe's first word. CLAMP (a batch
+// that may pass `end`: a tile's first and last, the uneven resident loop's): a chunk past `end`
+// loads the tile's last chunk again instead, so no load waits on a branch; the sums skip it.
+// The column's pointers are found again at each load, not held through the sums: the registers
+// go to the batches in flight (held, they spilled the row chunks' loop).
 template <class Kind, int C, bool CLAMP>
-__device__ __forceinline__ void load_batch(const LinearArgs& a, const unsigned int* row_words,
-                                           const typename Kind::Column& column, int base, int end,
-                                           unsigned magic, uint4* chunks, typename Kind::Params* params) {
+__device__ __forceinline__ void load_batch(const LinearArgs& a, int o, int base, int end, unsigned magic,
+                                           uint4* chunks, typename Kind::Params* params) {
+    const unsigned int* row_words = a.weights + (long long)o * a.words_per_row;
     const int first = base + LIN_SPAN * (threadIdx.x & 31);
     // one address a batch: the unclamped chunks are its offsets (512 bytes apart), so no load
     // computes a 64-bit address of its own
@@ -138,7 +136,7 @@ __device__ __forceinline__ void load_batch(const LinearArgs& a, const unsigned i
         if (CLAMP) chunks[c] = *reinterpret_cast<const uint4*>(row_words + min(first + c * LIN_STRIPE, end - LIN_SPAN));   // sass: linear-rows-weights
         else chunks[c] = lines[c * (LIN_STRIPE / LIN_SPAN)];                                                              // sass: linear-rows-weights
     }
-    Kind::template chunk_params<C, CLAMP>(column, first, end, magic, a, params);
+    Kind::template chunk_params<C, CLAMP>(Kind::column(o, a), first, end, magic, a, params);
 }
 
 // The batch in flight becomes the one to sum.
@@ -164,8 +162,7 @@ __device__ __forceinline__ unsigned int chunk_word(const uint4& chunk, int j) {
 // row's 64 columns a chunk: the loads wait, but registers for four a chunk in flight, or for
 // the column's pointers held through the sums, spilled the rows kernels). ptxas keeps a copy
 // of the sums for each arm: scripts/sass_loops.py counts the uniform one (TL_MODEL_COMMON_PATH).
-// CHECK: a chunk may lie outside the tile [tile, end) (past `end`, or before a tile narrower
-// than a stripe).
+// CHECK: a chunk may lie past the tile's `end`.
 template <class Kind, int R, int C, int TW, bool CHECK, bool UNIFORM>
 __device__ __forceinline__ void sum_batch(const LinearArgs& a, const uint4* chunks,
                                           const typename Kind::Params* params, bool uniform, int base, int tile,
@@ -178,7 +175,7 @@ __device__ __forceinline__ void sum_batch(const LinearArgs& a, const uint4* chun
 #pragma unroll
     for (int c = 0; c < C; c++) {
         const int w = first + c * LIN_STRIPE;
-        if (CHECK && (w < tile || w >= end)) continue;
+        if (CHECK && w >= end) continue;
         // the chunk's inputs: staged_vec(r, part, w - tile + j) is xc's (r, part, j) offset, a
         // constant, so the shared loads need no address of their own
         const Vec* xc = xv + staged_vec<PARTS, TW>(0, 0, w - tile);
@@ -356,9 +353,7 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     const bool uniform = EVEN || Kind::chunk_uniform(a);
     uint4 chunks[C], next[C];
     typename Kind::Params params[C], next_params[C];
-    // a column's pointers are found again at each load (a few instructions a batch), not kept:
-    // the registers go to the batches in flight
-    if (any) load_batch<Kind, C, !EVEN>(a, a.weights + (long long)o * W, Kind::column(o, a), 0, W, magic, chunks, params);
+    if (any) load_batch<Kind, C, !EVEN>(a, o, 0, W, magic, chunks, params);
     if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
     stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, 0, W, xs, st);
@@ -375,13 +370,8 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
         const int next_o = last ? o + o_step : o;
         const int next_base = last ? 0 : base + STEP;
         if (next_o < a.n_out) {
-            const unsigned int* next_words = a.weights + (long long)next_o * W;
-            if (EVEN || next_base + STEP <= W)
-                load_batch<Kind, C, false>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
-                                                 next_params);
-            else
-                load_batch<Kind, C, true>(a, next_words, Kind::column(next_o, a), next_base, W, magic, next,
-                                          next_params);
+            if (EVEN || next_base + STEP <= W) load_batch<Kind, C, false>(a, next_o, next_base, W, magic, next, next_params);
+            else load_batch<Kind, C, true>(a, next_o, next_base, W, magic, next, next_params);
         }
         if (EVEN || base + STEP <= W) sum_batch<Kind, R, C, TW, false, EVEN>(a, chunks, params, uniform, base, 0, W, o, xs, acc);
         else sum_batch<Kind, R, C, TW, true, EVEN>(a, chunks, params, uniform, base, 0, W, o, xs, acc);
@@ -400,14 +390,11 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
 // Rows wider than a tile (a 4-row chunk past 2,048 columns): a column per warp at a time, its
 // tiles staged in turn; a tile's first batch is issued before its inputs are staged, each later
 // batch while the one before it is summed, so no load waits behind a barrier. (With fewer
-// blocks than columns / 8 the tiles are staged again for each column.) A tile narrower than a
-// stripe (ALIGNED false) starts inside one: its batches begin at that stripe and skip the lanes
-// whose chunk lies outside the tile.
+// blocks than columns / 8 the tiles are staged again for each column.)
 template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
-    const bool ALIGNED = TW % LIN_STRIPE == 0;
     const int C = rows_batch(R);
     const int STEP = LIN_STRIPE * C;        // words a batch covers
     const unsigned magic = group_magic(a.group_size);
@@ -417,34 +404,28 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
     for (int c0 = place_x<CHAINED>(a) * LIN_WARPS; c0 < a.n_out; c0 += place_grid_x<CHAINED>(a) * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
         const bool active = o < a.n_out;    // warp-uniform
-        // the column's pointers are found again at each load, not held through the sums (their
-        // registers spilled the row chunks' loop)
         const int loaded = active ? o : 0;
         float acc[R];
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = 0.0f;
         for (int tile = 0; tile < a.words_per_row; tile += TW) {
             const int end = min(tile + TW, a.words_per_row);
-            const int start = ALIGNED ? tile : tile - tile % LIN_STRIPE;   // the stripe the tile begins in
             uint4 chunks[C], next[C];
             typename Kind::Params params[C], next_params[C];
-            load_batch<Kind, C, true>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
-                                      start, end, magic, chunks, params);
+            load_batch<Kind, C, true>(a, loaded, tile, end, magic, chunks, params);
             __syncthreads();                // the previous tile's readers are done with xs
             stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, tile * CPW, end - tile, xs, st);
             __syncthreads();
-            int base = start;
+            int base = tile;
             // whole batches while the next one is whole too: no clamps, no checks
             for (; base + 2 * STEP <= end; base += STEP) {
-                load_batch<Kind, C, false>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
-                                           base + STEP, end, magic, next, next_params);
-                if (active) sum_batch<Kind, R, C, TW, !ALIGNED, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
+                load_batch<Kind, C, false>(a, loaded, base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, C, TW, false, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
                 take_batch<Kind, C>(chunks, params, next, next_params);
             }
             if (base + STEP < end) {        // a whole batch, then a partial one
-                load_batch<Kind, C, true>(a, a.weights + (long long)loaded * a.words_per_row, Kind::column(loaded, a),
-                                          base + STEP, end, magic, next, next_params);
-                if (active) sum_batch<Kind, R, C, TW, !ALIGNED, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
+                load_batch<Kind, C, true>(a, loaded, base + STEP, end, magic, next, next_params);
+                if (active) sum_batch<Kind, R, C, TW, false, false>(a, chunks, params, uniform, base, tile, end, o, xs, acc);
                 take_batch<Kind, C>(chunks, params, next, next_params);
                 base += STEP;
             }
@@ -459,7 +440,7 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
 template <class Kind, class X, int R, bool CHAINED>
 __device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
     static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
-    static_assert(rows_tile_words(Kind::CPW, R) >= LIN_SPAN, "a tile holds at least a chunk");
+    static_assert(rows_tile_words(Kind::CPW, R) >= LIN_STRIPE, "a tile holds at least a stripe");
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {

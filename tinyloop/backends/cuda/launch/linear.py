@@ -30,6 +30,8 @@ ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_W
 ROWS_THREADS = ROWS_WARPS * 32
 ROWS_PER_BLOCK = 16            # rows per block when the column grid alone leaves SMs idle
 ROWS_STAGE_FLOATS = 8192       # LIN_STAGE_FLOATS: inputs a rows block stages at once
+ROWS_SPAN_WORDS = 4            # LIN_SPAN: words a rows lane loads at once (16 bytes), from 128 s + 4 lane
+ROWS_STRIPE_WORDS = 32 * ROWS_SPAN_WORDS   # LIN_STRIPE: the words a warp's 32 lanes' chunks cover
 ROWS_BLOCKS_PER_SM = 2         # __launch_bounds__(256, 2) on the rows kernels
 FEW_COLUMN_BLOCKS = 512        # below this many column blocks (~4 per H200 SM), split rows too
 BULK_TILE = 64                 # rows and columns per bulk block: BULK_ROWS, BULK_COLS (TC_ROWS, TC_COLS)
@@ -103,10 +105,9 @@ def mma_split_k(stored_columns: int, n_out: int) -> int:
 
 
 def rows_tile_words(cpw: int, rows: int) -> int:
-    """linear_rows.cuh rows_tile_words: stored words of a chunk of `rows` rows staged at once, a
-    multiple of a stripe (128 words) where one fits, else of a chunk (4 words)."""
-    fit = ROWS_STAGE_FLOATS // (rows * cpw)
-    return fit // 128 * 128 if fit >= 128 else fit // 4 * 4
+    """linear_rows.cuh rows_tile_words: stored words of a chunk of `rows` rows staged at once,
+    whole stripes."""
+    return ROWS_STAGE_FLOATS // (rows * cpw) // ROWS_STRIPE_WORDS * ROWS_STRIPE_WORDS
 
 
 def rows_resident(seg, n_rows: int) -> bool:
@@ -346,7 +347,7 @@ def check_group_lookup(seg) -> None:
     row is whole 16-byte lines (pack_linear pads it so); and they find a word's group as
     __umulhi(column, ceil(2^32 / group_size)) (cuda/linear_kinds.cuh group_magic), exact
     while stored columns x group_size < 2^32."""
-    if seg.words_per_row % 4:
+    if seg.words_per_row % ROWS_SPAN_WORDS:
         raise ValueError(f"the rows kernels read weight rows of whole 16-byte lines, got {seg.words_per_row} "
                          f"words a row (pack_linear pads them)")
     if not seg.kind.startswith("int"):

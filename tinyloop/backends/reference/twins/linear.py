@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.reference.twins.arith import fma_f32, warp_sum
-from tinyloop.backends.cuda.launch.linear import mma_eligible, mma_split_k
+from tinyloop.backends.cuda.launch.linear import ROWS_SPAN_WORDS as SPAN, mma_eligible, mma_split_k
 from tinyloop.backends.cuda.launch.packing import (
     COLUMNS_PER_WORD,
     LinearSegment,
@@ -30,7 +30,6 @@ from tinyloop.backends.cuda.launch.packing import (
 )
 
 F = np.float32
-SPAN = 4                        # words a lane loads at once (linear_kinds.cuh LIN_SPAN): 32 lanes, a stripe of 128
 
 
 def stored_weights(seg: LinearSegment) -> np.ndarray:
