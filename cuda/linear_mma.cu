@@ -38,6 +38,7 @@
 // shared load is a step's four A registers (step 2 below). The sum is over the same products
 // whichever slot each sits in; the order (what the stand-in and the twin add first) is this one.
 #include "linear_kinds.cuh"
+#include "linear_norm.cuh"
 #include "mma.cuh"
 
 #define MMA_WARPS 4
@@ -48,24 +49,34 @@
 #define MMA_MAX_CHUNKS 4                    // chunks per batch: a lane's loads in flight
 #define MMA_XS_PITCH (MMA_MAX_CHUNKS * 16 * 8 + 4)   // staged words per g (+4: the next g 4 banks on)
 
-// Two codes (bits 0-3 and 16-19 of `pair`) -> their weights as half2 bits, w = half(code * s + m).
-__device__ __forceinline__ unsigned int mma_dequant_pair(unsigned int pair, __half s, __half m) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    // 0x6400 is half 1024, whose ulp is 1: OR-ing a code into its mantissa gives 1024 + code,
-    // exactly; minus 1024 gives the code (exact), then one fused multiply-add, rounded once.
-    unsigned int biased = pair | 0x64006400u;
-    __half2 codes = __hsub2(*reinterpret_cast<__half2*>(&biased), __halves2half2(__ushort_as_half(0x6400),
-                                                                                   __ushort_as_half(0x6400)));
-    __half2 w = __hfma2(codes, __halves2half2(s, s), __halves2half2(m, m));
-    return *reinterpret_cast<unsigned int*>(&w);
-#else
-    // code * s + m is exact in double (an 11-bit scale times a 4-bit code, plus an 11-bit min
-    // within 2^40 of it); the conversion rounds once, to the nearest half: __hfma2's result.
-    double fs = (double)__half2float(s), fm = (double)__half2float(m);
-    __half low = __double2half((double)(pair & 0xfu) * fs + fm);
-    __half high = __double2half((double)((pair >> 16) & 0xfu) * fs + fm);
-    return pack_halves(low, high);
-#endif
+// Bits as a half2 (its low 16 bits the first half), and back.
+__device__ __forceinline__ __half2 mma_bits_half2(unsigned int bits) { return *reinterpret_cast<__half2*>(&bits); }
+__device__ __forceinline__ unsigned int mma_half2_bits(__half2 h) { return *reinterpret_cast<unsigned int*>(&h); }
+
+// A word's 8 codes (code i in bits 4i .. 4i + 3) as four half2 pairs, exactly: pair p holds codes
+// (p, p + 4). Bit tricks instead of conversions: 0x6400 is half 1024, whose ulp is 1, so a code
+// OR-ed into bits 0-3 of its mantissa gives 1024 + code and one OR-ed into bits 4-7 gives 1024 +
+// 16 code, both exact (one LOP3 masks and ORs, `and_or`); minus 1024 (HADD2), or times 1/16
+// minus 64 (HFMA2), is the code, exact (every value an integer below 2048, and a power-of-two
+// scaling). One shift a word brings codes 2, 3, 6, 7 down to the same places. 13 instructions a
+// word where shifting each pair down to bit 0 took 19 (a shift and two LOP3 a pair: nvcc does not
+// fuse a mask and an OR whose operands are both constants).
+__device__ __forceinline__ void mma_word_codes(unsigned int word, __half2 (&codes)[4]) {
+    const __half2 k1024 = mma_bits_half2(0x64006400u), minus64 = mma_bits_half2(0xd400d400u);
+    const __half2 sixteenth = mma_bits_half2(0x2c002c00u);                 // 1/16 = 2^-4
+    const unsigned int high = word >> 8;                                    // codes 2, 3, 6, 7 at 0, 4, 16, 20
+    codes[0] = __hsub2(mma_bits_half2(and_or(word, 0x000f000fu, 0x64006400u)), k1024);
+    codes[1] = __hfma2(mma_bits_half2(and_or(word, 0x00f000f0u, 0x64006400u)), sixteenth, minus64);
+    codes[2] = __hsub2(mma_bits_half2(and_or(high, 0x000f000fu, 0x64006400u)), k1024);
+    codes[3] = __hfma2(mma_bits_half2(and_or(high, 0x00f000f0u, 0x64006400u)), sixteenth, minus64);
+}
+
+// A pair of codes -> their weights as half2 bits, w = half(code * s + m): one HFMA2, rounded once
+// (code * s + m is exact in double, an 11-bit scale times a 4-bit code plus an 11-bit min within
+// 2^40 of it: the harness's __hfma2 rounds that once, as the GPU's does, and as the twin,
+// twins/linear.py mma_weights, does in float64).
+__device__ __forceinline__ unsigned int mma_weight_pair(__half2 codes, __half2 s, __half2 m) {
+    return mma_half2_bits(__hfma2(codes, s, m));
 }
 
 // Two floats rounded to the nearest halves (ties to even), the first in the low 16 bits: one
@@ -91,23 +102,52 @@ struct MmaBatch {
     __half scale[MMA_MAX_CHUNKS][2], minimum[MMA_MAX_CHUNKS][2];
 };
 
-__device__ __forceinline__ void mma_load_batch(const LinearArgs& a, int kb, int chunks, int col0, MmaBatch& b) {
+// What a lane loads from, found once a launch (the loads' addresses were found again for every
+// chunk and tile, about 37 instructions each, a third of the batch loop): its two rows (o = col0
+// + 16 warp + 8 j + g) as the first row's code words and group parameters plus the second's
+// offset, whether each row is in the weight, the stored columns the split reads to (`end`), and
+// the group of a column as a shift (groups of 32, 64 or 128: mma_eligible).
+struct MmaLane {
+    const unsigned int* codes;          // row o_0's words from the lane's first column (32 c)
+    const __half* scale;                // row o_0's scales (mins: the same place in a.mins)
+    long long mins_offset;              // a.mins - a.scale, in halves
+    int code_row8, group_row8;          // 8 rows on: row o_1 = o_0 + 8
+    int end, group_shift;
+    bool row_in[2];
+};
+
+__device__ __forceinline__ MmaLane mma_lane(const LinearArgs& a, int col0, int k0, int split_k) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int stored_cols = a.words_per_row * 8;
-    // groups divide a chunk (mma_eligible: 32, 64 or 128 columns): one division per batch
-    const int lane_group = (kb + 32 * c) / a.group_size, groups_per_chunk = MMA_CHUNK / a.group_size;
+    const int o = col0 + warp * 16 + g;
+    MmaLane l;
+    l.codes = a.weights + (long long)o * a.words_per_row + 4 * c;
+    l.scale = static_cast<const __half*>(a.scale) + (long long)o * a.groups;
+    l.mins_offset = static_cast<const __half*>(a.mins) - static_cast<const __half*>(a.scale);
+    l.code_row8 = 8 * a.words_per_row;
+    l.group_row8 = 8 * a.groups;
+    l.end = min(k0 + split_k, a.words_per_row * 8);
+    l.group_shift = __ffs(a.group_size) - 1;            // a power of two
+    l.row_in[0] = o < a.n_out;
+    l.row_in[1] = o + 8 < a.n_out;
+    return l;
+}
+
+__device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatch& b) {
+    const int c = threadIdx.x & 3;
+    const int col = kb + 32 * c;                         // the lane's first stored column of the batch
+    const int group = col >> l.group_shift;
 #pragma unroll
     for (int ch = 0; ch < MMA_MAX_CHUNKS; ch++)
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const int o = col0 + warp * 16 + j * 8 + g;
-            const int col = kb + ch * MMA_CHUNK + 32 * c;            // the lane's first stored column
-            if (ch < chunks && o < a.n_out && col < stored_cols) {
-                b.words[ch][j] = *reinterpret_cast<const TlWords4*>(a.weights + (long long)o * a.words_per_row + col / 8);   // sass: linear-mma-weights
-                // (the clamp is defensive: the stored width, a multiple of 32, stays in the groups)
-                const int group = min(lane_group + ch * groups_per_chunk, a.groups - 1);
-                b.scale[ch][j] = static_cast<const __half*>(a.scale)[(long long)o * a.groups + group];
-                b.minimum[ch][j] = static_cast<const __half*>(a.mins)[(long long)o * a.groups + group];
+            // past the split's end (or the stored width): a chunk of the next split, or none
+            if (l.row_in[j] && col + ch * MMA_CHUNK < l.end) {
+                b.words[ch][j] = *reinterpret_cast<const TlWords4*>(l.codes + j * l.code_row8 + kb / 8 + ch * 16);   // sass: linear-mma-weights
+                // groups divide a chunk: a chunk on is MMA_CHUNK >> shift groups on; the stored
+                // width, a multiple of 32, stays within the groups (pack_linear)
+                const __half* p = l.scale + j * l.group_row8 + group + (ch * MMA_CHUNK >> l.group_shift);
+                b.scale[ch][j] = p[0];
+                b.minimum[ch][j] = p[l.mins_offset];
             } else {
                 b.words[ch][j] = TlWords4{{0u, 0u, 0u, 0u}};
                 b.scale[ch][j] = __ushort_as_half(0);
@@ -117,48 +157,68 @@ __device__ __forceinline__ void mma_load_batch(const LinearArgs& a, int kb, int 
 }
 
 // The batch's inputs as the A fragments want them, into xs (8 x MMA_XS_PITCH words). An item is
-// 8 stored columns (x0..x7) of rows g and g+8 of the tile (zeros for rows past the call's),
-// 8 words: step 0's a0..a3 = (g: x0,x4), (g+8: x0,x4), (g: x1,x5), (g+8: x1,x5), then step 1's
-// with (x2,x6), (x3,x7); so one 16-byte shared load is a step's A, in the four registers
-// mma.sync reads. The item of lane c's word q of chunk ch sits in slot 16 ch + 4 q + c: the four
-// lanes of a g read 16-byte granules 0, 2, 4, 6 of 8 and the next g (MMA_XS_PITCH words on:
-// 4 mod 32) the odd ones, so a quarter-warp's load is free of bank conflicts.
+// 8 stored columns (x0..x7) of rows g and g+8 of the tile, 8 words: step 0's a0..a3 = (g: x0,x4),
+// (g+8: x0,x4), (g: x1,x5), (g+8: x1,x5), then step 1's with (x2,x6), (x3,x7); so one 16-byte
+// shared load is a step's A, in the four registers mma.sync reads. The item of lane c's word q
+// of chunk ch sits in slot 16 ch + 4 q + c: the four lanes of a g read 16-byte granules 0, 2, 4,
+// 6 of 8 and the next g (MMA_XS_PITCH words on: 4 mod 32) the odd ones, so a quarter-warp's load
+// is free of bank conflicts.
 // No permutation (mma_eligible): stored column j feeds input j, or 0 past in_features.
-template <class X>
+// A thread stages one row of an item at a time, and only the call's rows: a decode's one row
+// stages a sixteenth of a full tile's inputs. The rest of the buffer holds what it held (an
+// earlier batch's inputs, or never written): the products read it as rows of A past the
+// call's, and an output row of an mma depends on its own row of A alone (as row invariance
+// does), so no kept output reads it (tests: the harness poisons shared memory with NaN).
+// NORM (a.norm: the pre-norm folded in, x the float32 residual stream): each input is the norm
+// kernel's value (linear_norm.cuh normed_value, st: the tile's rows' statistics), as the rows
+// kernels stage it; rounded to half for the mma as the norm kernel's output would be.
+template <class X, bool NORM>
 __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int chunks, int row0, int rows,
-                                                unsigned int* xs) {
-    const int items = chunks * (MMA_CHUNK / 8);                  // items per g
-    for (int i = threadIdx.x; i < 8 * items; i += MMA_THREADS) {
-        const int gg = i / items, item = i - gg * items;          // gg: the g of the rows staged
+                                                unsigned int* xs, const NormStats* st) {
+    const int items = chunks * (MMA_CHUNK / 8);                  // items per row
+    for (int i = threadIdx.x; i < rows * items; i += MMA_THREADS) {
+        const int r = i / items, item = i - r * items;            // row r of the tile: g = r % 8
         const int col = kb + item * 8;
         const bool whole = col + 8 <= a.in_features;               // no padding column among the 8
-        unsigned int pairs[2][4];                                  // [row g / g+8][pair]
+        float v[8];
+        if (NORM) {
+            // the 8 elements' loads first (x, the norm's weight and bias), then their values;
+            // padding columns (past in_features: no permutation, mma_eligible) load nothing and
+            // stage 0. Without a bias the weight stands in for it (a valid address; its value
+            // is not used): selects, not branches, so one path serves every norm kind
+            const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
+            const float* bias = a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias : a.norm_weight;
+            const NormStats row = st[r];
+            float xv[8], wv[8], bv[8];
 #pragma unroll
-        for (int half_tile = 0; half_tile < 2; half_tile++) {
-            const int r = gg + 8 * half_tile;
-            float v[8];
-            if (r < rows) {
-                const X* xr = static_cast<const X*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
-                if (whole) {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) v[e] = widen(xr[e]);    // sass: linear-mma-stage
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; e++) v[e] = col + e < a.in_features ? widen(xr[e]) : 0.0f;
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = 0.0f;
+            for (int e = 0; e < 8; e++) {
+                const bool in = whole || col + e < a.in_features;
+                xv[e] = in ? xr[e] : 0.0f;                                       // sass: linear-mma-norm
+                wv[e] = in ? a.norm_weight[col + e] : 0.0f;
+                bv[e] = in ? bias[col + e] : 0.0f;
             }
 #pragma unroll
-            for (int q = 0; q < 4; q++)                            // a half x: exact
-                pairs[half_tile][q] = mma_pack_rn(v[mma_stored_offset(2 * q)], v[mma_stored_offset(2 * q + 1)]);
+            for (int e = 0; e < 8; e++) {
+                const float value = normed_value(a, xv[e], row, wv[e], bv[e]);
+                v[e] = whole || col + e < a.in_features ? value : 0.0f;
+            }
+        } else {
+            const X* xr = static_cast<const X*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
+            if (whole) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = widen(xr[e]);        // sass: linear-mma-stage
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[e] = col + e < a.in_features ? widen(xr[e]) : 0.0f;
+            }
         }
+        // the item's words: pair q of rows g and g + 8 at (q / 2) 4 + (q % 2) 2 + (r >= 8)
         const int ch = item / 16, within = item % 16;              // within = 4 c + q
         const int slot = ch * 16 + (within & 3) * 4 + (within >> 2);
-        unsigned int* dst = xs + gg * MMA_XS_PITCH + slot * 8;
-        *reinterpret_cast<TlWords4*>(dst) = TlWords4{{pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]}};
-        *reinterpret_cast<TlWords4*>(dst + 4) = TlWords4{{pairs[0][2], pairs[1][2], pairs[0][3], pairs[1][3]}};
+        unsigned int* dst = xs + (r & 7) * MMA_XS_PITCH + slot * 8 + (r >> 3);
+#pragma unroll
+        for (int q = 0; q < 4; q++)                                // a half x: exact
+            dst[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[mma_stored_offset(2 * q)], v[mma_stored_offset(2 * q + 1)]);
     }
 }
 
@@ -169,18 +229,26 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
 #pragma unroll
     for (int ch = 0; ch < MMA_MAX_CHUNKS; ch++) {
         if (ch >= chunks) break;                                  // uniform over the block
+        __half2 scale[2], minimum[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            scale[j] = __halves2half2(b.scale[ch][j], b.scale[ch][j]);
+            minimum[j] = __halves2half2(b.minimum[ch][j], b.minimum[ch][j]);
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const unsigned int* item = xs + g * MMA_XS_PITCH + (ch * 16 + q * 4 + c) * 8;
+            __half2 codes[2][4];                                  // [tile][pair]: codes (p, p + 4)
+#pragma unroll
+            for (int j = 0; j < 2; j++) mma_word_codes(b.words[ch][j].w[q], codes[j]);
 #pragma unroll
             for (int step = 0; step < 2; step++) {
                 const TlWords4 af = *reinterpret_cast<const TlWords4*>(item + 4 * step);
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
-                    const unsigned int word = b.words[ch][j].w[q];
-                    const unsigned int bf[2] = {
-                        mma_dequant_pair((word >> (8 * step)) & 0x000f000fu, b.scale[ch][j], b.minimum[ch][j]),
-                        mma_dequant_pair((word >> (8 * step + 4)) & 0x000f000fu, b.scale[ch][j], b.minimum[ch][j])};
+                    // step 0: codes (0, 4) as k slots 2c, 2c+1 and (1, 5) as 2c+8, 2c+9; step 1: (2, 6), (3, 7)
+                    const unsigned int bf[2] = {mma_weight_pair(codes[j][2 * step], scale[j], minimum[j]),
+                                                mma_weight_pair(codes[j][2 * step + 1], scale[j], minimum[j])};
                     tl_mma_16816(acc[j], af.w, bf, acc[j]);
                 }
             }
@@ -188,9 +256,10 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
     }
 }
 
-template <class X>
+template <class X, bool NORM>
 __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* partials, unsigned int* counters,
-                                                   int split_k, unsigned int* xs, int* last_flag) {
+                                                   int split_k, unsigned int* xs, int* last_flag,
+                                                   NormStats* st) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int col_block = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
     const int n_splits = gridDim.y;
@@ -200,6 +269,24 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
     const int k0 = split * split_k;                               // first stored column of the split
     const int chunks = (min(split_k, a.words_per_row * 8 - k0) + MMA_CHUNK - 1) / MMA_CHUNK;   // with columns
     const int batches = (chunks + MMA_MAX_CHUNKS - 1) / MMA_MAX_CHUNKS;
+
+    // The first batch's weights load first, so the folded norm's statistics below take no
+    // round trip of their own on top of theirs
+    const MmaLane lane_at = mma_lane(a, col0, k0, split_k);
+    MmaBatch current, next;
+    mma_load_batch(lane_at, k0, current);
+    // The folded pre-norm: the statistics of the tile's rows, warp w taking rows w, w + 4, ...
+    // each by the norm kernels' code and sum order (norm.cuh norm_stats_warp: the 256 summing
+    // threads' partials, eight a lane, their tree in registers), read by the staging after
+    // this barrier
+    if (NORM) {
+        for (int r = warp; r < rows; r += MMA_WARPS) {
+            const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride;
+            const NormStats row = norm_stats_warp(a.norm, xr, a.in_features, a.norm_eps);
+            if (lane == 0) st[r] = row;
+        }
+        __syncthreads();
+    }
 
     float acc[2][4];
 #pragma unroll
@@ -211,16 +298,13 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
     // between two buffers, so one barrier a batch suffices (a buffer is written again only
     // after the next batch's barrier, which every reader of it has passed). Only loads move:
     // the sums keep the k order (chunk after chunk), so no bit depends on the batching.
-    MmaBatch current, next;
-    mma_load_batch(a, k0, min(chunks, MMA_MAX_CHUNKS), col0, current);
     for (int batch = 0; batch < batches; batch++) {
         const int kb = k0 + batch * MMA_MAX_CHUNKS * MMA_CHUNK;
         const int batch_chunks = min(chunks - batch * MMA_MAX_CHUNKS, MMA_MAX_CHUNKS);
         if (batch + 1 < batches)
-            mma_load_batch(a, kb + MMA_MAX_CHUNKS * MMA_CHUNK,
-                           min(chunks - (batch + 1) * MMA_MAX_CHUNKS, MMA_MAX_CHUNKS), col0, next);
+            mma_load_batch(lane_at, kb + MMA_MAX_CHUNKS * MMA_CHUNK, next);
         unsigned int* buffer = xs + (batch & 1) * 8 * MMA_XS_PITCH;
-        mma_stage_batch<X>(a, kb, batch_chunks, row0, rows, buffer);
+        mma_stage_batch<X, NORM>(a, kb, batch_chunks, row0, rows, buffer, st);
         __syncthreads();
         mma_batch_products(current, batch_chunks, buffer, acc);
         if (batch + 1 < batches) current = next;
@@ -278,11 +362,14 @@ linear_mma_int4(LINEAR_PARAMS(__half), float* partials, unsigned int* counters, 
     tl_dependent_launch();
     __shared__ __align__(16) unsigned int xs[2 * 8 * MMA_XS_PITCH];   // two batches' inputs: 32.1 KiB
     __shared__ int last_flag;
+    __shared__ NormStats st[MMA_TILE_ROWS];                           // the folded norm's rows
     const LinearArgs a = LINEAR_ARGS;
+    // scripts/sass_loops.py (TL_MODEL_COMMON_PATH): float inputs, with and without the norm
+    if (a.norm) linear_mma_int4_of<float, true>(a, partials, counters, split_k, xs, &last_flag, st);
 #ifdef TL_MODEL_COMMON_PATH
-    linear_mma_int4_of<float>(a, partials, counters, split_k, xs, &last_flag);   // scripts/sass_loops.py: one path
+    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, xs, &last_flag, st);
 #else
-    if (a.x_half) linear_mma_int4_of<__half>(a, partials, counters, split_k, xs, &last_flag);
-    else linear_mma_int4_of<float>(a, partials, counters, split_k, xs, &last_flag);
+    else if (a.x_half) linear_mma_int4_of<__half, false>(a, partials, counters, split_k, xs, &last_flag, st);
+    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, xs, &last_flag, st);
 #endif
 }

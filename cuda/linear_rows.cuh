@@ -6,7 +6,7 @@
 
 #include "kv_store.cuh"
 #include "linear_kinds.cuh"
-#include "norm.cuh"
+#include "linear_norm.cuh"
 
 // The rows kernels are declared __launch_bounds__(256, 2): two blocks per SM, so ptxas
 // budgets 128 registers: a lane holds two batches of chunks with their scales and mins (the
@@ -71,33 +71,12 @@ __device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, N
     }
 }
 
-// a.norm's value for the SwiGLU fold (launch/linear.py NormFold kind "swiglu"): no norm and no
-// statistics; x is the up projection's float32 output (T, 2 in) = [gate | up], and the input
-// feeding column j is tl_swiglu(gate j, up j), the swiglu kernel's value: one launch fewer a layer.
-#define LIN_STAGE_SWIGLU 8
-
 // Whether a kind's rows kernels take the SwiGLU fold: not the float32-scale kinds, whose rows
 // kernels have no registers left for it (the exp and divide of the staging, with the first batch
 // of weights in flight, spill on sm_90); their launcher keeps the swiglu launch
 // (launch/linear.py swiglu_fold_supported).
 template <class Kind> struct TakesSwiglu { static const bool value = true; };
 template <int BITS> struct TakesSwiglu<QuantKind<BITS, float>> { static const bool value = false; };
-
-// The input feeding stored column j of row t under the fused norm: the norm kernel's output
-// element, or under the SwiGLU fold the swiglu kernel's (either rounded to half and widened
-// back where that output would be half), 0 for padding.
-// GATE: the kernel takes the SwiGLU fold at all (TakesSwiglu).
-template <bool GATE>
-__device__ __forceinline__ float normed_input(const LinearArgs& a, int t, int j, const NormStats& st) {
-    int source = j < a.stored_in ? (TL_HAS_PERM(a) ? a.perm[j] : j) : a.in_features;
-    if (source >= a.in_features) return 0.0f;
-    const float* xr = static_cast<const float*>(a.x) + (long long)t * a.x_stride;
-    float v = GATE && a.norm == LIN_STAGE_SWIGLU
-        ? tl_swiglu(xr[source], xr[a.in_features + source])
-        : norm_apply(a.norm, xr[source], st, a.norm_weight[source],
-                     a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias[source] : 0.0f);
-    return a.norm_half ? __half2float(__float2half_rn(v)) : v;
-}
 
 // Stage rows row0..row0+R-1, the `words` stored words from column col0 on (words <= TW; the
 // sums never read past them), into xs (layout above, TW words a row), normalized on the way

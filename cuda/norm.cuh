@@ -53,50 +53,94 @@ struct NormStats {
     float mean, inv;                        // mean: 0 for RMS
 };
 
-// A row's statistics (every thread of the block calls it: it holds barriers; every thread gets
-// them). RMS: inv = 1 / sqrt(sum(x^2) / D + eps). Layer: mean = sum(x) / D, inv = 1 /
-// sqrt(sum((x - mean)^2) / D + eps), as norms.py orders it.
-__device__ __forceinline__ NormStats norm_stats(int kind, const float* xr, int D, float eps, float* slots) {
-    NormStats st = {0.0f, 0.0f};
-    float partial = 0.0f;
-    if (kind == TL_NORM_RMS) {
-        for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-            float v[TL_NORM_BATCH];
-            norm_batch(xr, base, D, v);
+// The partial sums of the TL_NORM_THREADS summing threads this thread stands for: V of them,
+// threads first, first + stride, ... (the block's: V = 1, first = threadIdx.x; one warp's: V = 8,
+// its lane, 32 apart). Each adds f(x) of its elements t, t + 256, ... in order; a step's loads of
+// all V are issued before any is used. SQUARE: x^2 (RMS), CENTER: (x - mean)^2, neither: x.
+template <int V, bool SQUARE, bool CENTER>
+__device__ __forceinline__ void norm_partials(const float* xr, int D, float mean, int first, int stride,
+                                              float (&partial)[V]) {
 #pragma unroll
-            for (int k = 0; k < TL_NORM_BATCH; k++)
-                if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, tl_mul(v[k], v[k]));
-        }
-        float mean_square = tl_div(norm_block_sum(partial, slots), (float)D);
-        st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(mean_square, eps)));
+    for (int i = 0; i < V; i++) partial[i] = 0.0f;
+    for (int step = 0; step < D; step += TL_NORM_STEP) {
+        float v[V][TL_NORM_BATCH];
+#pragma unroll
+        for (int i = 0; i < V; i++) norm_batch(xr, step + first + i * stride, D, v[i]);
+#pragma unroll
+        for (int i = 0; i < V; i++)
+#pragma unroll
+            for (int k = 0; k < TL_NORM_BATCH; k++) {
+                const float c = CENTER ? tl_sub(v[i][k], mean) : v[i][k];
+                if (step + first + i * stride + k * TL_NORM_THREADS < D)
+                    partial[i] = tl_add(partial[i], SQUARE || CENTER ? tl_mul(c, c) : c);
+            }
+    }
+}
+
+// norm_block_sum's total by one warp, no barrier: lane l holds the values of threads l, l + 32,
+// ..., l + 224 (v[i]: thread l + 32 i, of warp i). Each warp's butterfly, then the same halving
+// tree (a float add is commutative, so w[i] + w[i + offset] is lane i's tl_add of its own and
+// lane i + offset's value). Every lane gets the total.
+__device__ __forceinline__ float norm_warp_sum(const float (&v)[TL_NORM_WARPS]) {
+    float w[TL_NORM_WARPS];
+#pragma unroll
+    for (int i = 0; i < TL_NORM_WARPS; i++) w[i] = tl_warp_sum(v[i]);
+#pragma unroll
+    for (int offset = TL_NORM_WARPS / 2; offset > 0; offset >>= 1)
+#pragma unroll
+        for (int i = 0; i < offset; i++) w[i] = tl_add(w[i], w[i + offset]);
+    return w[0];
+}
+
+// The 256 partials' total: by the block (one a thread), or by one warp (eight a lane).
+__device__ __forceinline__ float norm_sum(const float (&partial)[1], float* slots) {
+    return norm_block_sum(partial[0], slots);
+}
+__device__ __forceinline__ float norm_sum(const float (&partial)[TL_NORM_WARPS], float*) {
+    return norm_warp_sum(partial);
+}
+
+// A row's statistics from the 256 summing threads' partials (norm_partials), summed by the block
+// (WARP false: every thread of the block calls it, it holds barriers; slots: norm_block_sum's)
+// or by one warp alone (WARP true: every lane of the warp calls it, slots unused): the same bits.
+// RMS: inv = 1 / sqrt(sum(x^2) / D + eps). Layer: mean = sum(x) / D, inv = 1 /
+// sqrt(sum((x - mean)^2) / D + eps), as norms.py orders it.
+template <bool WARP>
+__device__ __forceinline__ NormStats norm_stats_by(int kind, const float* xr, int D, float eps, float* slots) {
+    constexpr int V = WARP ? TL_NORM_WARPS : 1;
+    const int first = WARP ? (threadIdx.x & 31) : threadIdx.x;
+    float partial[V];
+    NormStats st = {0.0f, 0.0f};
+    if (kind == TL_NORM_RMS) {
+        norm_partials<V, true, false>(xr, D, 0.0f, first, 32, partial);
+        const float total = norm_sum(partial, slots);
+        st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(tl_div(total, (float)D), eps)));
         return st;
     }
-    for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-        float v[TL_NORM_BATCH];
-        norm_batch(xr, base, D, v);
-#pragma unroll
-        for (int k = 0; k < TL_NORM_BATCH; k++)
-            if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, v[k]);
-    }
-    st.mean = tl_div(norm_block_sum(partial, slots), (float)D);
-    partial = 0.0f;
-    for (int base = threadIdx.x; base < D; base += TL_NORM_STEP) {
-        float v[TL_NORM_BATCH];
-        norm_batch(xr, base, D, v);
-#pragma unroll
-        for (int k = 0; k < TL_NORM_BATCH; k++) {
-            float c = tl_sub(v[k], st.mean);
-            if (base + k * TL_NORM_THREADS < D) partial = tl_add(partial, tl_mul(c, c));
-        }
-    }
-    float variance = tl_div(norm_block_sum(partial, slots), (float)D);
-    st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(variance, eps)));
+    norm_partials<V, false, false>(xr, D, 0.0f, first, 32, partial);
+    const float sum = norm_sum(partial, slots);
+    st.mean = tl_div(sum, (float)D);
+    norm_partials<V, false, true>(xr, D, st.mean, first, 32, partial);
+    const float squares = norm_sum(partial, slots);
+    st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(tl_div(squares, (float)D), eps)));
     return st;
 }
 
-// One normalized element: RMS (x * inv) * w; layer ((x - mean) * inv) * w (+ b).
+// The norm kernels' (and the rows linear's) statistics: every thread of a TL_NORM_THREADS block.
+__device__ __forceinline__ NormStats norm_stats(int kind, const float* xr, int D, float eps, float* slots) {
+    return norm_stats_by<false>(kind, xr, D, eps, slots);
+}
+
+// The same statistics by one warp (linear_mma.cu: each warp a row of the tile, in parallel).
+__device__ __forceinline__ NormStats norm_stats_warp(int kind, const float* xr, int D, float eps) {
+    return norm_stats_by<true>(kind, xr, D, eps, nullptr);
+}
+
+// One normalized element: RMS (x * inv) * w; layer ((x - mean) * inv) * w (+ b). One form for
+// both, without a branch on the kind: RMS's mean is +0 (NormStats), and x - +0 is x exactly
+// (-0 - +0 = -0), so RMS's (x - 0) * inv is its x * inv bit for bit. The bias is added only
+// with one (y + 0 would turn -0 into +0).
 __device__ __forceinline__ float norm_apply(int kind, float x, const NormStats& st, float w, float b) {
-    if (kind == TL_NORM_RMS) return tl_mul(tl_mul(x, st.inv), w);
-    float y = tl_mul(tl_mul(tl_sub(x, st.mean), st.inv), w);
+    const float y = tl_mul(tl_mul(tl_sub(x, st.mean), st.inv), w);
     return kind == TL_NORM_LAYER_BIAS ? tl_add(y, b) : y;
 }

@@ -81,16 +81,18 @@ ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4":
 
 
 def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
-              kv_mode: str = "fp16", paired: bool = False) -> list[tuple[str, int, int]]:
+              kv_mode: str = "fp16", paired: bool = False, rows_folds: bool | None = None) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
-    `kv_mode` cache. fused_norm (the default path; not with TINYLOOP_CUDA_MMA_ROWS): each
+    `kv_mode` cache. fused_norm (the default, and TINYLOOP_CUDA_MMA_ROWS's path too): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
-    residual row h instead of the norm's output, the KV write rides on the qkv linear, and a
+    residual row h instead of the norm's output. rows_folds (the rows kernels' folds; by default
+    as fused_norm, off on the tensor-core rows): the KV write rides on the qkv linear, and a
     SwiGLU on the down projection after it, which stages swiglu(up) from the up projection's
     2 ffn outputs (the staging's exp and divide per input are not counted: about 6 a thread
     for SmolLM2's 1,536 inputs over a block's 256 threads). paired (TINYLOOP_CUDA_PAIR=1; int4
-    weights, the pair's kind, on the fused path): the out projection and the up projection after
+    weights, the pair's kind, with the rows folds): the out projection and the up projection after
     it are one launch (OUT_PAIRED, then UP_PAIRED: the same bytes, no launch of its own)."""
+    rows_folds = fused_norm if rows_folds is None else rows_folds
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
@@ -101,11 +103,11 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
     # qkv linear where the norm does (the rows kernels: the warps that finish a head store it)
     kv_write = 2 * kv * 4 + stored_row + 4 + kv * 4 + hd * 4
     qkv = packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"])
-    paired = paired and fused_norm and s["core_bits"] == 4      # launch/linear.py PAIR_KERNELS
+    paired = paired and rows_folds and s["core_bits"] == 4      # launch/linear.py PAIR_KERNELS
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
-        *([(QKV_FOLDED, qkv + kv_write, n)] if fused_norm else
+        *([(QKV_FOLDED, qkv + kv_write, n)] if rows_folds else
           [("linear_rows qkv", qkv, n), ("kv_write_fp16 (+ RoPE of the keys)", kv_write, n)]),
         # CHUNK_KEYS-key chunks; the last chunk block of each kv head merges (partials written and read)
         (f"{ATTENTION_KERNELS[kv_mode]} (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
@@ -119,9 +121,9 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
         ((UP_PAIRED if s["mlp"] == "swiglu" else UP_PAIRED_GELU) if paired else
          "linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
          packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
-        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not fused_norm else []),
+        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not rows_folds else []),
         *([(DOWN_SWIGLU, packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + ffn * 4 + d * 4, n)]
-          if s["mlp"] == "swiglu" and fused_norm else
+          if s["mlp"] == "swiglu" and rows_folds else
           [("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n)]),
         ("linear_rows head", packed_linear_bytes(d, s["vocab"], s["head_bits"], False), 1),
         ("argmax_rows", s["vocab"] * 4 + 4, 1),
@@ -230,20 +232,29 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
                        loop["rounds"])
 
 
-def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict | None:
+def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: str | None = None) -> dict | None:
     """One linear_mma_int4 call (TINYLOOP_CUDA_MMA_ROWS), rows <= 16 a tile: -> {partials,
     detail, fraction, extra_s}, or None without its SASS figures. A warp's split runs in batches
     of 4 chunks, the next batch's weights loading while this one's products are summed: about
     two batches in flight, chunks x 2 x (16 + 2 + 2) bytes a lane in all. Its instructions are
     the batch loop's body in cuda/SASS.md (one batch of 4 chunks with one pass of the staging
-    loop), scaled to the split's chunks, and one staging pass per chunk. With several splits the partials are written and read back and the last
-    block's reduction adds its tail: the counter's round trip, then one per split (from L2)."""
+    loop, one row of an item), scaled to the split's chunks, and the staging passes of the call's
+    rows (16 items of 8 columns a chunk and a row, over 128 threads). With several splits the
+    partials are written and read back and the last block's reduction adds its tail: the
+    counter's round trip, then one per split (from L2).
+    norm ("rms" or "layer": the pre-norm folded in): the batch loop and staging pass of the
+    normed path (tagged linear-mma-norm), and the statistics before the first batch: each warp
+    takes every fourth row of the tile, a round trip (from L2) per pass over the row (one for
+    RMS, two for layer norm) and per 2,048 elements, of which the first batch's weight loads,
+    issued before them, hide one DRAM round trip."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get("linear_mma_int4", {}).get("loops", [])
     # the batch loop's body (the next batch's loads, a staging pass, the products); before the
     # loop, the first batch's loads and the run to the last mma count the same work again
-    batch_loops = [l for l in loops if "linear-mma-weights" in l["tags"]]
-    stage = [l for l in loops if l["tags"] == ["linear-mma-stage"]]
+    # the normed path's loops carry its staging's tag, the plain path's do not
+    normed = (lambda l: "linear-mma-norm" in l["tags"]) if norm else (lambda l: "linear-mma-norm" not in l["tags"])
+    batch_loops = [l for l in loops if "linear-mma-weights" in l["tags"] and normed(l)]
+    stage = [l for l in loops if l["tags"] == (["linear-mma-norm"] if norm else ["linear-mma-stage"])]
     if not batch_loops:
         return None
     body = min(batch_loops, key=lambda l: l["instructions"])
@@ -251,16 +262,25 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None) -> dict
     chunks, splits = split_k // linear_launch.MMA_CHUNK, -(-n_in // split_k)
     batches = -(-chunks // linear_launch.MMA_MAX_CHUNKS)
     stage_pass = min(l["instructions"] for l in stage) if stage else 0
+    # a chunk's staging is 16 items (8 columns each) for each row of the call's tile, a row of
+    # an item a pass, over the block's 128 threads: two passes a chunk for a full tile of 16
+    # rows, an eighth for one row
+    tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
     instructions = ((body["instructions"] - stage_pass) * chunks / linear_launch.MMA_MAX_CHUNKS
-                    + chunks * stage_pass)
+                    + chunks * stage_pass * tile_rows * (linear_launch.MMA_CHUNK // 8) / linear_launch.MMA_THREADS)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
     warps = -(-n_out // linear_launch.MMA_BLOCK_COLS) * splits * tiles * (linear_launch.MMA_THREADS // 32)
     detail = expected_fraction(loop, resident_warps("linear_mma_int4", linear_launch.MMA_THREADS), warps)
     partials = 2 * splits * rows * n_out * 4 if splits > 1 else 0
+    stats_s = 0.0
+    if norm:
+        warp_rows = -(-min(rows, linear_launch.MMA_TILE_ROWS) // (linear_launch.MMA_THREADS // 32))
+        trips = warp_rows * (1 if norm == "rms" else 2) * -(-n_in // 2048)
+        stats_s = max(0.0, trips * L2_LATENCY_S - LATENCY_S)
     # the last block: its counter's atomic, then a split's partial a round trip (L2)
     return {"partials": partials, "detail": {**detail, "splits": splits}, "fraction": detail["fraction"],
-            "extra_s": LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0}
+            "extra_s": (LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0) + stats_s}
 
 
 def rows_chunk() -> int:
@@ -341,10 +361,16 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                  "linear_rows up (+ GELU)": d, "linear_rows down (+ residual)": ffn, DOWN_SWIGLU: ffn,
                  "linear_rows head": d}
     out = []
-    for name, nbytes, calls in step_rows(s, fused_norm=not mma, context=context, kv_mode=kv_mode, paired=paired):
+    # linear_mma folds the pre-norm into calls of up to MMA_NORM_FOLD_MAX_ROWS rows (the backend)
+    norm_folded = not mma or rows <= linear_launch.MMA_NORM_FOLD_MAX_ROWS
+    for name, nbytes, calls in step_rows(s, fused_norm=norm_folded, context=context, kv_mode=kv_mode, paired=paired,
+                                         rows_folds=not mma):
         fraction, detail, extra_s, gap = 1.0, None, 0.0, gap_s
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
-        call = mma_call(linear_in[name], linear_warps[name], rows, sass) \
+        # the pre-norm rides on qkv, up and the head (fused_norm): linear_mma stages it too
+        takes_norm = norm_folded and name.startswith(("linear_rows qkv", "linear_rows up", "linear_rows head"))
+        call = mma_call(linear_in[name], linear_warps[name], rows, sass,
+                        ("rms" if s["mlp"] == "swiglu" else "layer") if takes_norm else None) \
             if mma and name in linear_warps and bits == 4 else None
         if call:
             name = name.replace("linear_rows", "linear_mma")
@@ -493,9 +519,10 @@ def long_context_table(sass: dict | None = None) -> str:
 
 def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
-             "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h)), and "
-             "a SwiGLU on the down projection (which stages swiglu(up)); with `TINYLOOP_CUDA_MMA_ROWS=1` "
-             "they are launches of their own again.", ""]
+             "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h), and "
+             "with `TINYLOOP_CUDA_MMA_ROWS=1` linear_mma does too), the KV write on the qkv linear and a "
+             "SwiGLU on the down projection (which stages swiglu(up)); with `TINYLOOP_CUDA_MMA_ROWS=1` "
+             "those two are launches of their own again.", ""]
     for name, shape in SHAPES.items():
         rows = step_rows(shape)
         lines += [f"**{name}**", "", "| kernel | bytes / call | us / call at 4.8 TB/s | calls / token | "

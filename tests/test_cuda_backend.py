@@ -817,13 +817,14 @@ def test_bench_gpu_times_the_rows_linear_with_and_without_the_column_cap(tiny_fi
 
 
 
-def fold_on_and_off(tiny_files, preset, attribute, activations="fp32", graphs=False, kv_mode=None):
+def fold_on_and_off(tiny_files, preset, attribute, activations="fp32", graphs=False, kv_mode=None, mma_rows=False):
     """The same model file on two CUDA backends, the fold `attribute` on, then off: each runs a
-    prefill, three decode steps and a 5-row verify-shaped forward. -> [(logits of all of them,
-    launches by kernel during the three decode steps, the KV pool's bytes) for on, for off]."""
+    prefill, three decode steps and a 5-row verify-shaped forward (mma_rows: on the tensor-core
+    rows). -> [(logits of all of them, launches by kernel during the three decode steps, the KV
+    pool's bytes) for on, for off]."""
     runs = []
     for on in (True, False):
-        backend = cuda_backend(activations=activations, graphs=graphs)
+        backend = cuda_backend(activations=activations, graphs=graphs, mma_rows=mma_rows)
         setattr(backend, attribute, on)
         counts, original = {}, backend._module
         backend._module = lambda name, original=original, counts=counts: LaunchCounter(original(name), counts)
@@ -861,6 +862,48 @@ def test_the_fused_norm_gives_the_unfused_models_bits(tiny_files, preset, activa
     assert same_bits(fused, apart)
     norms = [sum(launches.get(k, 0) for k in ("rms_norm", "layer_norm")) for launches in (fused_launches, apart_launches)]
     assert norms[0] == 0 and norms[1] > 0, norms
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset,activations,graphs", [("tiny-looped int4 g32", "fp32", False),
+                                                       ("tiny-looped-gpt int4 g32", "fp16", True)])
+def test_the_folded_norm_on_tensor_core_rows_gives_the_unfolded_models_bits(tiny_files, preset, activations, graphs):
+    """TINYLOOP_CUDA_MMA_ROWS with the norms inside linear_mma (fuses_norm on) against the norm
+    kernel then linear_mma (off): the same logits bit for bit for a prefill, three decode steps
+    and a 5-row verify-shaped forward, RMS/SwiGLU and layer-norm/GELU, float and half
+    activations, eager and as captured graphs. The folded decode step launches no norm kernel
+    and its linears are linear_mma's."""
+    (fused, fused_launches, _), (apart, apart_launches, _) = fold_on_and_off(tiny_files, preset, "fuses_norm",
+                                                                             activations, graphs, mma_rows=True)
+    assert same_bits(fused, apart)
+    norms = [sum(launches.get(k, 0) for k in ("rms_norm", "layer_norm")) for launches in (fused_launches, apart_launches)]
+    assert norms[0] == 0 and norms[1] > 0, norms
+    assert fused_launches.get("linear_mma_int4", 0) > 0, fused_launches
+
+
+def test_tensor_core_rows_fold_the_norm_into_calls_of_at_most_four_rows(tiny_files):
+    """On the tensor-core rows the pre-norm rides on linear_mma for up to MMA_NORM_FOLD_MAX_ROWS
+    (4) rows: a 4-row forward launches no norm kernel, a 5-row one runs the norm kernel first
+    (past 4 rows the fold costs more than the launch, on paper), with each row's bits the same
+    either way: the 5-row forward's first four rows equal the 4-row forward's."""
+    from tinyloop.backends.cuda.launch.linear import MMA_NORM_FOLD_MAX_ROWS
+    assert MMA_NORM_FOLD_MAX_ROWS == 4
+    results = []
+    for width in (4, 5):
+        model, counts = mma_rows_model(tiny_files["tiny-looped-gpt int4 g32"])
+        loops = model.config.default_loops
+        prompt = [5, 17, 42, 9, 3, 88, 120, 7]
+        cache = model.new_cache(len(prompt) + 8, loops)
+        prefill(model, prompt, cache, loops)
+        before = dict(counts)
+        logits = model.backend.to_host(model.forward(list(range(10, 10 + width)),
+                                                     list(range(len(prompt), len(prompt) + width)), cache, loops))
+        launched = {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)}
+        assert launched.get("linear_mma_int4", 0) > 0, launched
+        results.append((logits, launched.get("layer_norm", 0)))
+    (four, four_norms), (five, five_norms) = results
+    assert four_norms == 0 and five_norms > 0, (four_norms, five_norms)
+    assert same_bits(four, five[:4])
 
 
 @pytest.mark.exactness

@@ -673,14 +673,14 @@ def test_a_fused_norm_gives_the_bits_of_the_norm_launch_then_the_linear(kernel_d
 
 
 def test_a_fused_norm_is_refused_where_it_cannot_run():
-    """Only an exact call on the rows kernels with a float32 x takes a fused norm, and an RMS norm
+    """Only an exact call with a float32 x takes a fused norm, and an RMS norm
     has no bias: anything else is a clear error, not other bits."""
     rng = np.random.default_rng(3)
     packed = pack_linear([weight_part("int4", rng, 8, 64)], None, np, keep_f16=True)
     out = np.zeros((1, 8), np.float32)
     fold = launch.NormFold("rms", np.ones(64, np.float32), None, 1e-5)
-    cases = [(dict(exact=False), "rows kernels only"),
-             (dict(x=np.ones((1, 64), np.float16)), "rows kernels only"),
+    cases = [(dict(exact=False), "exact path only"),
+             (dict(x=np.ones((1, 64), np.float16)), "exact path only"),
              (dict(norm=launch.NormFold("rms", np.ones(64, np.float32), np.ones(64, np.float32), 1e-5)), "no bias"),
              (dict(norm=launch.NormFold("batch", np.ones(64, np.float32), None, 1e-5)), "norm kind")]
     for change, message in cases:
@@ -744,7 +744,7 @@ def test_a_fused_swiglu_is_refused_where_it_cannot_run():
     out = np.zeros((1, 8), np.float32)
     fold = launch.NormFold("swiglu", None, None, 0.0)
     cases = [(dict(x=np.ones((1, 64), np.float32)), r"\(T, 128\) \(\[gate \| up\]\)"),
-             (dict(exact=False), "rows kernels only"),
+             (dict(exact=False), "exact path only"),
              (dict(norm=launch.NormFold("swiglu", np.ones(64, np.float32), None, 0.0)), "no norm weight"),
              (dict(packed=pack_linear([weight_part("int4", rng, 8, 64, scale_dtype=np.float32)], None, np,
                                       keep_f16=True)), "float32-scale")]

@@ -233,3 +233,84 @@ def test_counters_are_left_zero_and_a_second_launch_repeats_the_bits(kernel_devi
     assert not kernel_device.to_host(scratch.counter_array).any()
     second = run_mma(kernel_device, parts, None, x, scratch=scratch)
     assert_bits_equal(second, first)
+
+
+# -- the pre-norm folded into the tensor-core rows' staging --------------------------------------
+def mma_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, fused=True):
+    """h (T, in) float32 through the norm then the linear on the tensor-core rows: fused (one
+    linear_mma launch staging norm(h), its statistics summed by 128-thread blocks) or as two
+    launches (the norm kernel's 256 threads, its output half where `half`, then linear_mma).
+    -> (T, out) host float32."""
+    from tinyloop.backends.cuda.launch import elementwise
+    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
+    h_dev, w_dev = device.asarray(h), device.asarray(norm_w)
+    b_dev = None if norm_b is None else device.asarray(norm_b)
+    out = device.zeros((h.shape[0], packed.out_features), np.float32)
+    mma = Scratch(device).path()
+    if fused:
+        launch.linear(device.module("linear"), h_dev, packed, out, True, mma=mma,
+                      norm=launch.NormFold(norm, w_dev, b_dev, 1e-5, half))
+    else:
+        x = device.zeros(h.shape, np.float16 if half else np.float32)
+        if norm == "rms":
+            elementwise.rms_norm(device.module("elementwise"), h_dev, w_dev, 1e-5, x)
+        else:
+            elementwise.layer_norm(device.module("elementwise"), h_dev, w_dev, b_dev, 1e-5, x)
+        launch.linear(device.module("linear"), x, packed, out, True, mma=mma)
+    return device.to_host(out)
+
+
+@pytest.mark.parametrize("rows,n_in,group", [(1, 576, 32), (5, 100, 32), (16, 1024, 64), (17, 640, 128),
+                                             (1, 2200, 32), (3, 2200, 32)])
+@pytest.mark.parametrize("norm,with_bias", [("rms", False), ("layer", False), ("layer", True)])
+@pytest.mark.parametrize("half", [False, True])
+def test_a_folded_norm_gives_the_bits_of_the_norm_launch_then_linear_mma(kernel_device, rows, n_in, group, norm,
+                                                                         with_bias, half):
+    """linear_mma staging norm(h) (rms, layer, layer with a bias; the norm's output as float or
+    rounded to half) gives the bits of the norm kernel then linear_mma, bit for bit on the
+    harness and on a GPU (the statistics: the same 256 sums in the same tree, two a thread; the
+    staged value: the norm kernel's function). Decode's one row, a partial and a full tile and
+    two tiles, several splits (576, 640), padded columns (100, 2200), and rows wider than one
+    norm batch of the 256 threads (2200 > 2048: each sums two). On the harness also the twins':
+    the norm twin (half where half), then the mma twin."""
+    from tinyloop.backends.reference.twins import elementwise as twin_elementwise
+    rng = np.random.default_rng(rows * 1000 + n_in)
+    parts = [int4_part(rng, 70, n_in, group)]
+    bias = rng.standard_normal(70).astype(np.float32)
+    h = (rng.standard_normal((rows, n_in)) * 3 + 0.5).astype(np.float32)
+    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    norm_b = rng.standard_normal(n_in).astype(np.float32) if with_bias else None
+    fused = mma_norm_call(kernel_device, parts, bias, h, norm, norm_w, norm_b, half)
+    apart = mma_norm_call(kernel_device, parts, bias, h, norm, norm_w, norm_b, half, fused=False)
+    assert_bits_equal(fused, apart)
+    if not on_gpu(kernel_device):
+        normed = (twin_elementwise.rms_norm(h, norm_w, 1e-5) if norm == "rms"
+                  else twin_elementwise.layer_norm(h, norm_w, norm_b, 1e-5))
+        if half:
+            normed = normed.astype(np.float16).astype(np.float32)
+        assert_bits_equal(fused, twin.linear_mma(normed, pack_linear(parts, bias, np)))
+
+
+def test_a_folded_norm_keeps_each_rows_bits_its_own(kernel_device):
+    """Each row staged through the folded norm alone equals the same row among 17 (a second tile
+    too): the statistics are each row's own, whichever rows share the block."""
+    rng = np.random.default_rng(23)
+    parts = [int4_part(rng, 70, 576)]
+    h = (rng.standard_normal((17, 576)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(576).astype(np.float32)
+    norm_b = rng.standard_normal(576).astype(np.float32)
+    together = mma_norm_call(kernel_device, parts, None, h, "layer", norm_w, norm_b, False)
+    for t in (0, 9, 16):
+        alone = mma_norm_call(kernel_device, parts, None, h[t:t + 1], "layer", norm_w, norm_b, False)
+        assert_bits_equal(alone[0], together[t])
+
+
+def test_the_swiglu_fold_is_refused_with_tensor_core_rows():
+    """linear_mma stages no SwiGLU: a call with an MmaPath and the swiglu fold is a clear error
+    before anything launches (the backend keeps the swiglu launch for it)."""
+    rng = np.random.default_rng(29)
+    packed = pack_linear([int4_part(rng, 8, 64)], None, np, keep_f16=True)
+    mma = launch.MmaPath(None, lambda n: None, lambda n: None)
+    with pytest.raises(ValueError, match="rows kernels only"):
+        launch.linear(None, np.ones((1, 128), np.float32), packed, np.zeros((1, 8), np.float32), True, mma=mma,
+                      norm=launch.NormFold("swiglu", None, None, 0.0))

@@ -115,6 +115,30 @@ def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
     assert cuda_estimates.mma_call(2048, 6144, 16)["detail"]["splits"] == 1
 
 
+def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_rows():
+    """TINYLOOP_CUDA_MMA_ROWS: the pre-norm rides on linear_mma (qkv, up, head) for up to
+    MMA_NORM_FOLD_MAX_ROWS rows, as the backend does: a doc-407m decode step launches no norm
+    (173 launches and the 34 KV writes the rows kernels would fold: 207), a 16-row verify the
+    69 norms. A normed call issues more instructions than a plain one (its staging, from the
+    machine code's normed loop); its statistics (a warp's rows, two passes each for layer norm,
+    from L2) are hidden by the first batch's DRAM round trip up to one row a warp, and past it
+    cost the rest (worked by hand: 16 rows, 4 a warp, 8 round trips of 300 ns less 600). A call
+    stages only its rows: one row issues fewer instructions than 16."""
+    doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
+    one = cuda_estimates.latency_rows(doc, mma=True)
+    assert not any(r["kernel"] == "layer_norm" for r in one)
+    assert cuda_estimates.launches(one) == 207
+    assert sum(1 for r in one if r["kernel"].startswith("linear_mma")) == 5        # qkv, out, up, down, head
+    sixteen = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True)}
+    assert sixteen["layer_norm"]["calls"] == 69
+    plain, normed = cuda_estimates.mma_call(2048, 6144, 1), cuda_estimates.mma_call(2048, 6144, 1, norm="layer")
+    assert normed["detail"]["issue"] < plain["detail"]["issue"]
+    assert plain["detail"]["issue"] > cuda_estimates.mma_call(2048, 6144, 16)["detail"]["issue"]
+    assert cuda_estimates.mma_call(2048, 6144, 4, norm="layer")["extra_s"] == 0.0
+    assert cuda_estimates.mma_call(2048, 6144, 16, norm="layer")["extra_s"] == pytest.approx(8 * 300e-9 - 600e-9)
+    assert cuda_estimates.mma_call(2048, 6144, 16, norm="rms")["extra_s"] == pytest.approx(4 * 300e-9 - 600e-9)
+
+
 def test_bench_gpu_sums_each_kernels_time_between_events():
     """scripts/bench_gpu.py's per-kernel table: launch i's time is the gap between the event
     before it and the one after; rows group by kernel and grid, largest first."""

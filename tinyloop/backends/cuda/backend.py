@@ -83,7 +83,7 @@ class DevicePlan:
 class CudaBackend(Backend):
     name = "cuda"
     fuses_rope = True        # kv_write rotates the keys, attention the queries: no rope_rows launch
-    fuses_norm = True        # an exact linear's rows kernels stage norm(h): no norm launch before it
+    fuses_norm = True        # an exact linear's rows kernels (tensor-core rows: up to 4 rows) stage norm(h)
     fuses_kv_write = True    # the qkv rows kernels store the keys and values: no kv_write launch
     fuses_swiglu = True      # an exact down projection's rows kernels stage swiglu(up): no swiglu launch
     # Generations stepped together by default: a batch-1 decode step leaves most of a GPU's
@@ -290,7 +290,9 @@ class CudaBackend(Backend):
         return elementwise.embed(self._module("elementwise"), table, device_ids, out)
 
     def norm_linear(self, h, norm, norm_weight, norm_bias, eps, weight, exact, gelu=False, kv=None):
-        if not exact or self.mma_rows:       # the bulk and tensor-core kernels take no norm
+        # the bulk kernels take no norm; the tensor-core rows take it for up to MMA_NORM_FOLD_MAX_ROWS
+        # rows (the same bits either way: which launches compute them is a question of speed)
+        if not exact or (self.mma_rows and h.shape[0] > linear.MMA_NORM_FOLD_MAX_ROWS):
             return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu, kv)
         return self.linear(h, weight, exact, activation="gelu" if gelu else None,
                            norm=self._norm_fold(norm, norm_weight, norm_bias, eps), kv=kv)

@@ -49,6 +49,11 @@ MMA_MAX_CHUNKS = 4             # chunks per batch (MMA_MAX_CHUNKS)
 MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split k (the paper
                                # model's best for both model shapes, scripts/cuda_estimates.py: a
                                # split's reduction costs two round trips, fewer warps less in flight)
+MMA_NORM_FOLD_MAX_ROWS = 4     # the most rows a call on linear_mma folds the pre-norm into (the
+                               # backend runs the norm kernel first for more): past 4 a warp sums a
+                               # second row's statistics and the normed staging costs more than the
+                               # launch it saves (the paper model, scripts/cuda_estimates.py); the
+                               # bits are the same either way
 
 
 # cuda/norm.cuh TL_NORM_RMS, TL_NORM_LAYER (+1 with a bias); cuda/linear.cu LIN_STAGE_SWIGLU
@@ -57,7 +62,9 @@ NORM_KINDS = {"rms": 1, "layer": 2, "swiglu": 8}
 
 @dataclass
 class NormFold:
-    """A pre-norm fused into an exact call's staging (the rows kernels): x is then the float32
+    """A pre-norm fused into an exact call's staging (the rows kernels, and the tensor-core rows
+    of an MmaPath: linear_mma.cu, whose 128-thread blocks sum the statistics in the norm
+    kernels' 256-thread order): x is then the float32
     residual stream h, and the kernel stages norm(h), the rms_norm / layer_norm kernels' own
     arithmetic (cuda/norm.cuh), rounded to half and back where `half` (the norm's output would
     be half: fp16 activations): the bits of the norm launch followed by this linear, one launch
@@ -67,7 +74,7 @@ class NormFold:
     instead of a norm. x is then the up projection's float32 output (T, 2 in) = [gate | up],
     and the kernel stages silu(gate) * up with the swiglu kernel's arithmetic (cuda/common.cuh
     tl_swiglu), rounded to half and back where `half`: the bits of the swiglu launch followed
-    by this one."""
+    by this one. The rows kernels only: a call with an MmaPath refuses it."""
     kind: str
     weight: object
     bias: object
@@ -130,8 +137,8 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     blocks the device holds at once, ROWS_BLOCKS_PER_SM an SM): each warp then sums several
     columns back to back with the next one's weights in flight, and the block stages its
     inputs once for all of them. It changes no bit: which warp sums a column never does.
-    norm: a NormFold (exact calls on the rows kernels only; x float32, the residual stream, or
-    with kind "swiglu" the up projection's (T, 2 in) output).
+    norm: a NormFold (exact calls; x float32, the residual stream, or with kind "swiglu", on
+    the rows kernels only, the up projection's (T, 2 in) output).
     kv: a KvFold (exact calls on the rows kernels only, a float32 out, no activation): the KV
     write of the keys and values among out's columns, done by the warps that finish them (the
     bits of kv.kv_write after this call, one launch fewer)."""
@@ -155,9 +162,12 @@ def _checked_launches(module, x, packed, out, exact, tc_module, residual, activa
         raise ValueError(f"x must have shape (T, {x_width}){' ([gate | up])' if gated else ''}, got {x.shape}")
     n_rows = x.shape[0]
     if norm is not None:
-        if not exact or mma is not None or x.dtype != np.float32:
-            raise ValueError("a fused norm runs on the rows kernels only: an exact call, no tensor-core "
-                             "rows, a float32 x (the residual stream)")
+        if not exact or x.dtype != np.float32:
+            raise ValueError("a fused norm runs on the exact path only (the rows kernels, or the tensor-core "
+                             "rows): an exact call, a float32 x (the residual stream)")
+        if gated and mma is not None:
+            raise ValueError("the SwiGLU fold runs on the rows kernels only, not with tensor-core rows "
+                             "(their calls keep the swiglu launch)")
         if norm.kind == "rms" and norm.bias is not None:
             raise ValueError("an RMS norm has no bias")
         if gated and (norm.weight is not None or norm.bias is not None):
