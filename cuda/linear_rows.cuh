@@ -59,15 +59,19 @@ __device__ __forceinline__ float vec_at(const float4& v, int i) {
 }
 
 // The fused pre-norm (a.norm): the statistics of rows row0..row0+R-1 of the residual stream x,
-// by norm.cuh's norm_stats (the rms_norm / layer_norm kernels' own arithmetic, over the block's
-// 256 threads as theirs), into st (thread 0 writes them; every thread calls this, it holds
-// barriers, and the staging after the caller's next barrier reads them).
+// warp r taking row r (R <= LIN_WARPS), all at once, by norm.cuh's norm_stats_warp (the
+// rms_norm / layer_norm kernels' own arithmetic and 256-thread sum order, in one warp's
+// registers: no barrier), into st (each warp's lane 0 writes its row's; the staging after the
+// caller's next barrier reads them). A 4-row chunk's statistics take a pass's round trips once,
+// not once a row as the block's sums did one row after another.
 template <int R>
-__device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, NormStats* st, float* slots) {
-    for (int r = 0; r < R; r++) {
-        const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride;
-        NormStats row = norm_stats(a.norm, xr, a.in_features, a.norm_eps, slots);
-        if (threadIdx.x == 0) st[r] = row;
+__device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, NormStats* st) {
+    static_assert(R <= LIN_WARPS, "a warp a row");
+    const int warp = threadIdx.x >> 5;
+    if (warp < R) {
+        const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + warp) * a.x_stride;
+        const NormStats row = norm_stats_warp(a.norm, xr, a.in_features, a.norm_eps);
+        if ((threadIdx.x & 31) == 0) st[warp] = row;
     }
 }
 
@@ -319,7 +323,7 @@ __device__ __forceinline__ void store_column(const LinearArgs& a, int row0, int 
 // and its chunks each in one group (Kind::chunk_uniform: a scale and a min a chunk), so no
 // batch is clamped or checked and the loop has one arm.
 template <class Kind, class X, int R, bool EVEN, bool CHAINED>
-__device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
+__device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, float* xs, NormStats* st) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
     const int C = rows_batch(R);
@@ -333,7 +337,7 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
     uint4 chunks[C], next[C];
     typename Kind::Params params[C], next_params[C];
     if (any) load_batch<Kind, C, !EVEN>(a, o, 0, W, magic, chunks, params);
-    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st);
     __syncthreads();                        // the previous chunk's readers are done with xs; st is written
     stage_rows<CPW, R, TW, X, TakesSwiglu<Kind>::value>(a, row0, 0, W, xs, st);
     __syncthreads();
@@ -371,14 +375,14 @@ __device__ __forceinline__ void rows_resident(const LinearArgs& a, int row0, flo
 // batch while the one before it is summed, so no load waits behind a barrier. (With fewer
 // blocks than columns / 8 the tiles are staged again for each column.)
 template <class Kind, class X, int R, bool CHAINED>
-__device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
+__device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float* xs, NormStats* st) {
     const int CPW = Kind::CPW;
     const int TW = rows_tile_words(CPW, R);
     const int C = rows_batch(R);
     const int STEP = LIN_STRIPE * C;        // words a batch covers
     const unsigned magic = group_magic(a.group_size);
     const bool uniform = Kind::chunk_uniform(a);
-    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st, slots);   // read after the first tile's barrier
+    if (a.norm && a.norm != LIN_STAGE_SWIGLU) rows_norm_stats<R>(a, row0, st);   // read after the first tile's barrier
     // c0 is block-uniform: every warp goes round as often (the barriers need it)
     for (int c0 = place_x<CHAINED>(a) * LIN_WARPS; c0 < a.n_out; c0 += place_grid_x<CHAINED>(a) * LIN_WARPS) {
         const int o = c0 + (threadIdx.x >> 5);
@@ -417,29 +421,29 @@ __device__ __forceinline__ void rows_tiled(const LinearArgs& a, int row0, float*
 // R rows starting at row0, every column of the block's (all warps of the block call it: it
 // holds barriers). Which path depends on the launch alone (block-uniform).
 template <class Kind, class X, int R, bool CHAINED>
-__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st, float* slots) {
+__device__ __forceinline__ void rows_chunk(const LinearArgs& a, int row0, float* xs, NormStats* st) {
     static_assert(R * rows_tile_words(Kind::CPW, R) * Kind::CPW <= LIN_STAGE_FLOATS, "a tile must fit the stage");
     static_assert(rows_tile_words(Kind::CPW, R) >= LIN_STRIPE, "a tile holds at least a stripe");
     // resident for 1 and 2 rows (decode and draft steps, bound by the weights' bytes; more rows
     // are bound by the sums, and their registers would spill in the resident loop)
     if (R <= 2 && a.words_per_row <= rows_tile_words(Kind::CPW, R)) {
         if (a.words_per_row % (LIN_STRIPE * rows_batch(R)) == 0 && Kind::chunk_uniform(a))
-            rows_resident<Kind, X, R, true, CHAINED>(a, row0, xs, st, slots);
-        else rows_resident<Kind, X, R, false, CHAINED>(a, row0, xs, st, slots);
+            rows_resident<Kind, X, R, true, CHAINED>(a, row0, xs, st);
+        else rows_resident<Kind, X, R, false, CHAINED>(a, row0, xs, st);
     } else {
-        rows_tiled<Kind, X, R, CHAINED>(a, row0, xs, st, slots);
+        rows_tiled<Kind, X, R, CHAINED>(a, row0, xs, st);
     }
 }
 
 template <class Kind, class X, bool CHAINED>
-__device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs, NormStats* st, float* slots) {
+__device__ __forceinline__ void linear_rows_of(const LinearArgs& a, float* xs, NormStats* st) {
     int row = place_y<CHAINED>(a) * a.rows_per_block;
     int end = min(row + a.rows_per_block, a.n_rows);
     // chunk sizes depend only on the block's row count (block-uniform, as the barriers need)
-    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK, CHAINED>(a, row, xs, st, slots);
-    if (end - row >= 4) { rows_chunk<Kind, X, 4, CHAINED>(a, row, xs, st, slots); row += 4; }
-    if (end - row >= 2) { rows_chunk<Kind, X, 2, CHAINED>(a, row, xs, st, slots); row += 2; }
-    if (end - row >= 1) rows_chunk<Kind, X, 1, CHAINED>(a, row, xs, st, slots);
+    for (; end - row >= LIN_CHUNK; row += LIN_CHUNK) rows_chunk<Kind, X, LIN_CHUNK, CHAINED>(a, row, xs, st);
+    if (end - row >= 4) { rows_chunk<Kind, X, 4, CHAINED>(a, row, xs, st); row += 4; }
+    if (end - row >= 2) { rows_chunk<Kind, X, 2, CHAINED>(a, row, xs, st); row += 2; }
+    if (end - row >= 1) rows_chunk<Kind, X, 1, CHAINED>(a, row, xs, st);
 }
 
 // The activations' type (x_half) is chosen once per launch: each path is the whole kernel.
@@ -448,9 +452,8 @@ template <class Kind, bool CHAINED = false>
 __device__ __forceinline__ void linear_rows(const LinearArgs& a) {
     __shared__ __align__(16) float xs[LIN_STAGE_FLOATS];     // 32 KiB
     __shared__ NormStats st[LIN_CHUNK];                      // the fused norm's rows
-    __shared__ float slots[TL_NORM_WARPS + 1];               // its block sums
     chain_wait<CHAINED>(a);                 // a chained call: x is the call before it's output
-    if (a.x_half) linear_rows_of<Kind, __half, CHAINED>(a, xs, st, slots);
-    else linear_rows_of<Kind, float, CHAINED>(a, xs, st, slots);
+    if (a.x_half) linear_rows_of<Kind, __half, CHAINED>(a, xs, st);
+    else linear_rows_of<Kind, float, CHAINED>(a, xs, st);
     if (a.kv_mode) kv_fold<CHAINED>(a);
 }

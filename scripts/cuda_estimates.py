@@ -66,6 +66,9 @@ OUT_PAIRED = "linear_rows_pair out (+ residual)"
 UP_PAIRED = "linear_rows_pair up, after out's blocks (no launch)"
 UP_PAIRED_GELU = "linear_rows_pair up (+ GELU), after out's blocks (no launch)"
 IN_ANOTHER_LAUNCH = (UP_PAIRED, UP_PAIRED_GELU)
+# The rows calls that stage norm(h) when the norm is fused (step_rows' fused_norm): qkv, up, the head.
+NORMED_ROWS = (QKV_FOLDED, "linear_rows qkv", "linear_rows up", "linear_rows up (+ GELU)", UP_PAIRED, UP_PAIRED_GELU,
+               "linear_rows head")
 
 
 def launches(rows: list) -> int:
@@ -283,6 +286,19 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
             "extra_s": (LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0) + stats_s}
 
 
+def rows_norm_stats_s(s: dict, rows: int, n_in: int) -> float:
+    """The fused pre-norm's statistics in a rows call (linear_rows.cuh rows_norm_stats): each
+    chunk of up to LIN_CHUNK rows finds its rows' statistics, a warp a row, all at once: a round
+    trip (from L2) per pass over the row (one for RMS, two for layer norm) and per 2,048
+    elements. A call of 1 or 2 rows (the resident path) issues its first batch of weights before
+    them, which hides one DRAM round trip; a larger call's chunks find theirs before their loads,
+    one chunk after another."""
+    trips = (1 if s["mlp"] == "swiglu" else 2) * -(-n_in // 2048)
+    if rows <= 2:
+        return max(0.0, trips * L2_LATENCY_S - LATENCY_S)
+    return -(-rows // rows_chunk()) * trips * L2_LATENCY_S
+
+
 def rows_chunk() -> int:
     """Rows a rows kernel sums at once (cuda/linear_rows.cuh LIN_CHUNK): each chunk reads the weights."""
     m = re.search(r"#define LIN_CHUNK (\d+)", (ROOT / "cuda" / "linear_rows.cuh").read_text())
@@ -389,6 +405,8 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 # after its last column a warp fences and counts (an atomic's round trip); the
                 # warp completing a head then loads its row (another) and stores it
                 extra_s = 2 * LATENCY_S
+            if norm_folded and name in NORMED_ROWS:
+                extra_s += rows_norm_stats_s(s, rows, linear_in[name])
             if name in IN_ANOTHER_LAUNCH:
                 # no launch gap: the handoff instead, the out blocks' fence and count (a round
                 # trip), then the waiting block's read that sees the count (another)

@@ -139,6 +139,25 @@ def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_row
     assert cuda_estimates.mma_call(2048, 6144, 16, norm="rms")["extra_s"] == pytest.approx(4 * 300e-9 - 600e-9)
 
 
+def test_the_rows_kernels_fused_norm_statistics_cost_a_pass_a_chunk():
+    """The rows kernels' fused norm finds its rows' statistics a warp a row, all of a chunk at
+    once (rows_norm_stats): a round trip from L2 (300 ns) a pass (two for layer norm, one for
+    RMS; per 2,048 elements) a chunk of 4 rows, the chunks one after another; a 1- or 2-row call
+    issues its first weights before them, which hides a DRAM round trip (600 ns). Worked by hand:
+    doc-407m's qkv (2,048 inputs) 0 at one row, 2 x 300 ns at 3 rows, 4 chunks x 2 x 300 ns at
+    16; SmolLM2's (576, RMS) 4 x 300 ns at 16; a 16-row verify's qkv pays it on top of the
+    rest."""
+    doc, smol = cuda_estimates.SHAPES["doc-407m (8 loops)"], cuda_estimates.SHAPES["SmolLM2-135M"]
+    assert cuda_estimates.rows_norm_stats_s(doc, 1, 2048) == 0.0
+    assert cuda_estimates.rows_norm_stats_s(doc, 3, 2048) == pytest.approx(600e-9)
+    assert cuda_estimates.rows_norm_stats_s(doc, 16, 2048) == pytest.approx(2.4e-6)
+    assert cuda_estimates.rows_norm_stats_s(doc, 16, 8192) == pytest.approx(9.6e-6)     # four passes a row
+    assert cuda_estimates.rows_norm_stats_s(smol, 16, 576) == pytest.approx(1.2e-6)
+    qkv = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16)}[cuda_estimates.QKV_FOLDED]
+    moved = qkv["bytes"] / (cuda_estimates.HBM * qkv["fraction"])
+    assert qkv["us"] == pytest.approx((moved + cuda_estimates.LAUNCH_GAP_S + 2 * cuda_estimates.LATENCY_S + 2.4e-6) * 1e6)
+
+
 def test_bench_gpu_sums_each_kernels_time_between_events():
     """scripts/bench_gpu.py's per-kernel table: launch i's time is the gap between the event
     before it and the one after; rows group by kernel and grid, largest first."""
