@@ -63,12 +63,11 @@ NORM_KINDS = {"rms": 1, "layer": 2, "swiglu": 8}
 @dataclass
 class NormFold:
     """A pre-norm fused into an exact call's staging (the rows kernels, and the tensor-core rows
-    of an MmaPath: linear_mma.cu, whose 128-thread blocks sum the statistics in the norm
-    kernels' 256-thread order): x is then the float32
-    residual stream h, and the kernel stages norm(h), the rms_norm / layer_norm kernels' own
-    arithmetic (cuda/norm.cuh), rounded to half and back where `half` (the norm's output would
-    be half: fp16 activations): the bits of the norm launch followed by this linear, one launch
-    fewer. weight, bias: (in,) float32 on the device (bias None: none, or RMS).
+    of an MmaPath, linear_mma.cu; in both each warp sums a row's statistics in the norm kernels'
+    256-thread order): x is then the float32 residual stream h, and the kernel stages norm(h),
+    the rms_norm / layer_norm kernels' own arithmetic (cuda/norm.cuh), rounded to half and back
+    where `half` (the norm's output would be half: fp16 activations): the bits of the norm
+    launch followed by this linear, one launch fewer. weight, bias: (in,) float32 on the device (bias None: none, or RMS).
 
     kind "swiglu" (weight and bias None, eps unused): the SwiGLU before a down projection
     instead of a norm. x is then the up projection's float32 output (T, 2 in) = [gate | up],
