@@ -10,7 +10,7 @@
 // inputs and of the weight's shape alone. The k order of every sum is fixed by the kernel's
 // constants and the launcher's split (a function of the weight's shape); rows enter the mma
 // as the 16 rows of A, and each output row of an m16n8k16 product depends only on its own
-// row of A; rows of the tile past the call's rows are zeros and never stored. So the decode
+// row of A; rows of the tile past the call's are never staged nor stored. So the decode
 // row and the same row inside a 16-row verify get the same bits. On the harness that is
 // proven by the tests; on a GPU, that the tensor cores keep it too is a device test
 // (scripts/gpu_check.sh).

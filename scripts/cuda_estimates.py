@@ -86,7 +86,7 @@ ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4":
 def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
               kv_mode: str = "fp16", paired: bool = False, rows_folds: bool | None = None) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
-    `kv_mode` cache. fused_norm (the default, and TINYLOOP_CUDA_MMA_ROWS's path too): each
+    `kv_mode` cache. fused_norm (the default, and TINYLOOP_CUDA_MMA_ROWS's up to 4 rows): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
     residual row h instead of the norm's output. rows_folds (the rows kernels' folds; by default
     as fused_norm, off on the tensor-core rows): the KV write rides on the qkv linear, and a
@@ -286,17 +286,28 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
             "extra_s": (LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0) + stats_s}
 
 
-def rows_norm_stats_s(s: dict, rows: int, n_in: int) -> float:
+def rows_chunks(rows: int) -> list[int]:
+    """The row chunks a rows call runs one after another (linear_rows.cuh linear_rows_of):
+    LIN_CHUNK rows while as many are left, then 2, then 1."""
+    chunk = rows_chunk()
+    out = [chunk] * (rows // chunk)
+    rest = rows % chunk
+    return out + ([2] if rest >= 2 else []) + ([1] if rest % 2 else [])
+
+
+def rows_norm_stats_s(s: dict, rows: int, n_in: int, cpw: int = 8) -> float:
     """The fused pre-norm's statistics in a rows call (linear_rows.cuh rows_norm_stats): each
-    chunk of up to LIN_CHUNK rows finds its rows' statistics, a warp a row, all at once: a round
-    trip (from L2) per pass over the row (one for RMS, two for layer norm) and per 2,048
-    elements. A call of 1 or 2 rows (the resident path) issues its first batch of weights before
-    them, which hides one DRAM round trip; a larger call's chunks find theirs before their loads,
-    one chunk after another."""
+    chunk (rows_chunks) finds its rows' statistics, a warp a row, all at once: a round trip
+    (from L2) per pass over the row (one for RMS, two for layer norm) and per 2,048 elements.
+    A chunk of 1 or 2 rows on the resident path (its words fit a tile: rows_chunk) issues its
+    first batch of weights before them, which hides one DRAM round trip; a tiled chunk finds
+    them before its loads. cpw: the weight's columns a 32-bit word."""
     trips = (1 if s["mlp"] == "swiglu" else 2) * -(-n_in // 2048)
-    if rows <= 2:
-        return max(0.0, trips * L2_LATENCY_S - LATENCY_S)
-    return -(-rows // rows_chunk()) * trips * L2_LATENCY_S
+    total = 0.0
+    for r in rows_chunks(rows):
+        resident = r <= 2 and n_in / cpw <= linear_launch.rows_tile_words(cpw, r)
+        total += max(0.0, trips * L2_LATENCY_S - LATENCY_S) if resident else trips * L2_LATENCY_S
+    return total
 
 
 def rows_chunk() -> int:
@@ -406,11 +417,11 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 # warp completing a head then loads its row (another) and stores it
                 extra_s = 2 * LATENCY_S
             if norm_folded and name in NORMED_ROWS:
-                extra_s += rows_norm_stats_s(s, rows, linear_in[name])
+                extra_s += rows_norm_stats_s(s, rows, linear_in[name], 32 // bits)
             if name in IN_ANOTHER_LAUNCH:
                 # no launch gap: the handoff instead, the out blocks' fence and count (a round
                 # trip), then the waiting block's read that sees the count (another)
-                extra_s, gap = 2 * LATENCY_S, 0.0
+                extra_s, gap = extra_s + 2 * LATENCY_S, 0.0
         elif name.startswith("attention_"):
             kernel = name.split()[0]
             loop = hot_loop(kernel, 1, sass)
@@ -538,7 +549,8 @@ def long_context_table(sass: dict | None = None) -> str:
 def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
              "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h), and "
-             "with `TINYLOOP_CUDA_MMA_ROWS=1` linear_mma does too), the KV write on the qkv linear and a "
+             "with `TINYLOOP_CUDA_MMA_ROWS=1` linear_mma does too, for calls of up to 4 rows), the KV write on "
+             "the qkv linear and a "
              "SwiGLU on the down projection (which stages swiglu(up)); with `TINYLOOP_CUDA_MMA_ROWS=1` "
              "those two are launches of their own again.", ""]
     for name, shape in SHAPES.items():

@@ -238,7 +238,7 @@ def test_counters_are_left_zero_and_a_second_launch_repeats_the_bits(kernel_devi
 # -- the pre-norm folded into the tensor-core rows' staging --------------------------------------
 def mma_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, fused=True):
     """h (T, in) float32 through the norm then the linear on the tensor-core rows: fused (one
-    linear_mma launch staging norm(h), its statistics summed by 128-thread blocks) or as two
+    linear_mma launch staging norm(h), each row's statistics summed by one warp) or as two
     launches (the norm kernel's 256 threads, its output half where `half`, then linear_mma).
     -> (T, out) host float32."""
     from tinyloop.backends.cuda.launch import elementwise
@@ -268,7 +268,7 @@ def test_a_folded_norm_gives_the_bits_of_the_norm_launch_then_linear_mma(kernel_
                                                                          with_bias, half):
     """linear_mma staging norm(h) (rms, layer, layer with a bias; the norm's output as float or
     rounded to half) gives the bits of the norm kernel then linear_mma, bit for bit on the
-    harness and on a GPU (the statistics: the same 256 sums in the same tree, two a thread; the
+    harness and on a GPU (the statistics: the same 256 sums in the same tree, eight a lane; the
     staged value: the norm kernel's function). Decode's one row, a partial and a full tile and
     two tiles, several splits (576, 640), padded columns (100, 2200), and rows wider than one
     norm batch of the 256 threads (2200 > 2048: each sums two). On the harness also the twins':

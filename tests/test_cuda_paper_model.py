@@ -142,20 +142,30 @@ def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_row
 def test_the_rows_kernels_fused_norm_statistics_cost_a_pass_a_chunk():
     """The rows kernels' fused norm finds its rows' statistics a warp a row, all of a chunk at
     once (rows_norm_stats): a round trip from L2 (300 ns) a pass (two for layer norm, one for
-    RMS; per 2,048 elements) a chunk of 4 rows, the chunks one after another; a 1- or 2-row call
-    issues its first weights before them, which hides a DRAM round trip (600 ns). Worked by hand:
-    doc-407m's qkv (2,048 inputs) 0 at one row, 2 x 300 ns at 3 rows, 4 chunks x 2 x 300 ns at
-    16; SmolLM2's (576, RMS) 4 x 300 ns at 16; a 16-row verify's qkv pays it on top of the
-    rest."""
+    RMS; per 2,048 elements) a chunk, the chunks (4 rows while as many are left, then 2, then
+    1, as linear_rows_of runs them) one after another; a chunk of 1 or 2 rows whose words fit a
+    tile (the resident path) issues its first weights before them, which hides a DRAM round
+    trip (600 ns). Worked by hand: doc-407m's qkv (2,048 inputs) 0 at one row and at 3 (2 + 1,
+    both resident), 2 x 300 ns at 5 (a tiled 4, then 1), 4 chunks x 2 x 300 ns at 16; 8,192
+    inputs (four passes a row) 9.6 us at 16; SmolLM2's (576, RMS) 4 x 300 ns at 16; a 16-row
+    verify's qkv pays it on top of the rest."""
     doc, smol = cuda_estimates.SHAPES["doc-407m (8 loops)"], cuda_estimates.SHAPES["SmolLM2-135M"]
+    assert cuda_estimates.rows_chunks(7) == [4, 2, 1] and cuda_estimates.rows_chunks(16) == [4] * 4
     assert cuda_estimates.rows_norm_stats_s(doc, 1, 2048) == 0.0
-    assert cuda_estimates.rows_norm_stats_s(doc, 3, 2048) == pytest.approx(600e-9)
+    assert cuda_estimates.rows_norm_stats_s(doc, 3, 2048) == 0.0
+    assert cuda_estimates.rows_norm_stats_s(doc, 5, 2048) == pytest.approx(600e-9)
     assert cuda_estimates.rows_norm_stats_s(doc, 16, 2048) == pytest.approx(2.4e-6)
     assert cuda_estimates.rows_norm_stats_s(doc, 16, 8192) == pytest.approx(9.6e-6)     # four passes a row
+    # a 2-row chunk too wide for one tile (8,192 int4 inputs: 1,024 words, a 2-row tile 512) is tiled
+    assert cuda_estimates.rows_norm_stats_s(doc, 2, 8192) == pytest.approx(8 * 300e-9)     # 2 passes x 4 steps
     assert cuda_estimates.rows_norm_stats_s(smol, 16, 576) == pytest.approx(1.2e-6)
     qkv = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16)}[cuda_estimates.QKV_FOLDED]
     moved = qkv["bytes"] / (cuda_estimates.HBM * qkv["fraction"])
     assert qkv["us"] == pytest.approx((moved + cuda_estimates.LAUNCH_GAP_S + 2 * cuda_estimates.LATENCY_S + 2.4e-6) * 1e6)
+    # the pair's up projection stages norm(h2) too: its statistics on top of the handoff, no gap
+    up = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16, paired=True)}[cuda_estimates.UP_PAIRED_GELU]
+    moved = up["bytes"] / (cuda_estimates.HBM * up["fraction"])
+    assert up["us"] == pytest.approx((moved + 2 * cuda_estimates.LATENCY_S + 2.4e-6) * 1e6)
 
 
 def test_bench_gpu_sums_each_kernels_time_between_events():
