@@ -109,8 +109,8 @@ struct MmaBatch {
 // the group of a column as a shift (groups of 32, 64 or 128: mma_eligible).
 struct MmaLane {
     const unsigned int* codes;          // row o_0's words from the lane's first column (32 c)
-    const __half* scale;                // row o_0's scales (mins: the same place in a.mins)
-    long long mins_offset;              // a.mins - a.scale, in halves
+    const __half* scale;                // row o_0's scales
+    const __half* mins;                 // and its mins
     int code_row8, group_row8;          // 8 rows on: row o_1 = o_0 + 8
     int end, group_shift;
     bool row_in[2];
@@ -122,7 +122,7 @@ __device__ __forceinline__ MmaLane mma_lane(const LinearArgs& a, int col0, int k
     MmaLane l;
     l.codes = a.weights + (long long)o * a.words_per_row + 4 * c;
     l.scale = static_cast<const __half*>(a.scale) + (long long)o * a.groups;
-    l.mins_offset = static_cast<const __half*>(a.mins) - static_cast<const __half*>(a.scale);
+    l.mins = static_cast<const __half*>(a.mins) + (long long)o * a.groups;
     l.code_row8 = 8 * a.words_per_row;
     l.group_row8 = 8 * a.groups;
     l.end = min(k0 + split_k, a.words_per_row * 8);
@@ -145,9 +145,9 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
                 b.words[ch][j] = *reinterpret_cast<const TlWords4*>(l.codes + j * l.code_row8 + kb / 8 + ch * 16);   // sass: linear-mma-weights
                 // groups divide a chunk: a chunk on is MMA_CHUNK >> shift groups on; the stored
                 // width, a multiple of 32, stays within the groups (pack_linear)
-                const __half* p = l.scale + j * l.group_row8 + group + (ch * MMA_CHUNK >> l.group_shift);
-                b.scale[ch][j] = p[0];
-                b.minimum[ch][j] = p[l.mins_offset];
+                const int at = j * l.group_row8 + group + (ch * MMA_CHUNK >> l.group_shift);
+                b.scale[ch][j] = l.scale[at];
+                b.minimum[ch][j] = l.mins[at];
             } else {
                 b.words[ch][j] = TlWords4{{0u, 0u, 0u, 0u}};
                 b.scale[ch][j] = __ushort_as_half(0);
@@ -190,17 +190,18 @@ __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int
             const float* bias = a.norm == TL_NORM_LAYER_BIAS ? a.norm_bias : a.norm_weight;
             const NormStats row = st[r];
             float xv[8], wv[8], bv[8];
+            bool in[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                const bool in = whole || col + e < a.in_features;
-                xv[e] = in ? xr[e] : 0.0f;                                       // sass: linear-mma-norm
-                wv[e] = in ? a.norm_weight[col + e] : 0.0f;
-                bv[e] = in ? bias[col + e] : 0.0f;
+                in[e] = whole || col + e < a.in_features;
+                xv[e] = in[e] ? xr[e] : 0.0f;                                    // sass: linear-mma-norm
+                wv[e] = in[e] ? a.norm_weight[col + e] : 0.0f;
+                bv[e] = in[e] ? bias[col + e] : 0.0f;
             }
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const float value = normed_value(a, xv[e], row, wv[e], bv[e]);
-                v[e] = whole || col + e < a.in_features ? value : 0.0f;
+                v[e] = in[e] ? value : 0.0f;
             }
         } else {
             const X* xr = static_cast<const X*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
@@ -280,11 +281,7 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
     // threads' partials, eight a lane, their tree in registers), read by the staging after
     // this barrier
     if (NORM) {
-        for (int r = warp; r < rows; r += MMA_WARPS) {
-            const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride;
-            const NormStats row = norm_stats_warp(a.norm, xr, a.in_features, a.norm_eps);
-            if (lane == 0) st[r] = row;
-        }
+        tile_norm_stats<MMA_WARPS>(a, row0, rows, st);
         __syncthreads();
     }
 

@@ -11,6 +11,20 @@
 // feeding column j is tl_swiglu(gate j, up j), the swiglu kernel's value: one launch fewer a layer.
 #define LIN_STAGE_SWIGLU 8
 
+// The statistics of rows row0 .. row0 + rows - 1 of the residual stream x (a.norm), warp w of
+// WARPS taking rows w, w + WARPS, ..., each by norm.cuh's norm_stats_warp (the rms_norm /
+// layer_norm kernels' own arithmetic and 256-thread sum order, in one warp's registers: no
+// barrier), into st (each warp's lane 0 writes its rows'; the staging after the caller's next
+// barrier reads them). The rows kernels' chunks and linear_mma's tiles both call it.
+template <int WARPS>
+__device__ __forceinline__ void tile_norm_stats(const LinearArgs& a, int row0, int rows, NormStats* st) {
+    for (int r = threadIdx.x >> 5; r < rows; r += WARPS) {
+        const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride;
+        const NormStats row = norm_stats_warp(a.norm, xr, a.in_features, a.norm_eps);
+        if ((threadIdx.x & 31) == 0) st[r] = row;
+    }
+}
+
 // The norm kernel's output for one element x of a row (st: the row's statistics; w, b: the
 // element's norm weight and bias), rounded to half and back where that output would be half.
 __device__ __forceinline__ float normed_value(const LinearArgs& a, float x, const NormStats& st, float w, float b) {

@@ -58,21 +58,13 @@ __device__ __forceinline__ float vec_at(const float4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// The fused pre-norm (a.norm): the statistics of rows row0..row0+R-1 of the residual stream x,
-// warp r taking row r (R <= LIN_WARPS), all at once, by norm.cuh's norm_stats_warp (the
-// rms_norm / layer_norm kernels' own arithmetic and 256-thread sum order, in one warp's
-// registers: no barrier), into st (each warp's lane 0 writes its row's; the staging after the
-// caller's next barrier reads them). A 4-row chunk's statistics take a pass's round trips once,
-// not once a row as the block's sums did one row after another.
+// The fused pre-norm (a.norm): the statistics of rows row0..row0+R-1 (linear_norm.cuh
+// tile_norm_stats: a warp a row, R <= LIN_WARPS, so a 4-row chunk's take a pass's round trips
+// once, not once a row as the block's sums did one row after another).
 template <int R>
 __device__ __forceinline__ void rows_norm_stats(const LinearArgs& a, int row0, NormStats* st) {
     static_assert(R <= LIN_WARPS, "a warp a row");
-    const int warp = threadIdx.x >> 5;
-    if (warp < R) {
-        const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + warp) * a.x_stride;
-        const NormStats row = norm_stats_warp(a.norm, xr, a.in_features, a.norm_eps);
-        if ((threadIdx.x & 31) == 0) st[warp] = row;
-    }
+    tile_norm_stats<LIN_WARPS>(a, row0, R, st);
 }
 
 // Whether a kind's rows kernels take the SwiGLU fold: not the float32-scale kinds, whose rows

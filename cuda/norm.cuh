@@ -54,24 +54,23 @@ struct NormStats {
 };
 
 // The partial sums of the TL_NORM_THREADS summing threads this thread stands for: V of them,
-// threads first, first + stride, ... (the block's: V = 1, first = threadIdx.x; one warp's: V = 8,
-// its lane, 32 apart). Each adds f(x) of its elements t, t + 256, ... in order; a step's loads of
+// threads first, first + 32, ... (the block's: V = 1, first = threadIdx.x; one warp's: V = 8,
+// first its lane). Each adds f(x) of its elements t, t + 256, ... in order; a step's loads of
 // all V are issued before any is used. SQUARE: x^2 (RMS), CENTER: (x - mean)^2, neither: x.
 template <int V, bool SQUARE, bool CENTER>
-__device__ __forceinline__ void norm_partials(const float* xr, int D, float mean, int first, int stride,
-                                              float (&partial)[V]) {
+__device__ __forceinline__ void norm_partials(const float* xr, int D, float mean, int first, float (&partial)[V]) {
 #pragma unroll
     for (int i = 0; i < V; i++) partial[i] = 0.0f;
     for (int step = 0; step < D; step += TL_NORM_STEP) {
         float v[V][TL_NORM_BATCH];
 #pragma unroll
-        for (int i = 0; i < V; i++) norm_batch(xr, step + first + i * stride, D, v[i]);
+        for (int i = 0; i < V; i++) norm_batch(xr, step + first + i * 32, D, v[i]);
 #pragma unroll
         for (int i = 0; i < V; i++)
 #pragma unroll
             for (int k = 0; k < TL_NORM_BATCH; k++) {
                 const float c = CENTER ? tl_sub(v[i][k], mean) : v[i][k];
-                if (step + first + i * stride + k * TL_NORM_THREADS < D)
+                if (step + first + i * 32 + k * TL_NORM_THREADS < D)
                     partial[i] = tl_add(partial[i], SQUARE || CENTER ? tl_mul(c, c) : c);
             }
     }
@@ -112,15 +111,15 @@ __device__ __forceinline__ NormStats norm_stats_by(int kind, const float* xr, in
     float partial[V];
     NormStats st = {0.0f, 0.0f};
     if (kind == TL_NORM_RMS) {
-        norm_partials<V, true, false>(xr, D, 0.0f, first, 32, partial);
+        norm_partials<V, true, false>(xr, D, 0.0f, first, partial);
         const float total = norm_sum(partial, slots);
         st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(tl_div(total, (float)D), eps)));
         return st;
     }
-    norm_partials<V, false, false>(xr, D, 0.0f, first, 32, partial);
+    norm_partials<V, false, false>(xr, D, 0.0f, first, partial);
     const float sum = norm_sum(partial, slots);
     st.mean = tl_div(sum, (float)D);
-    norm_partials<V, false, true>(xr, D, st.mean, first, 32, partial);
+    norm_partials<V, false, true>(xr, D, st.mean, first, partial);
     const float squares = norm_sum(partial, slots);
     st.inv = tl_div(1.0f, __fsqrt_rn(tl_add(tl_div(squares, (float)D), eps)));
     return st;

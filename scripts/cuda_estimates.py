@@ -395,7 +395,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
         fraction, detail, extra_s, gap = 1.0, None, 0.0, gap_s
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         # the pre-norm rides on qkv, up and the head (fused_norm): linear_mma stages it too
-        takes_norm = norm_folded and name.startswith(("linear_rows qkv", "linear_rows up", "linear_rows head"))
+        takes_norm = norm_folded and name in NORMED_ROWS
         call = mma_call(linear_in[name], linear_warps[name], rows, sass,
                         ("rms" if s["mlp"] == "swiglu" else "layer") if takes_norm else None) \
             if mma and name in linear_warps and bits == 4 else None

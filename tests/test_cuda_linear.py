@@ -622,10 +622,11 @@ def test_model_shapes(kernel_device, parts_shape, rows):
 
 
 # -- the pre-norm fused into the rows kernels' staging -------------------------------------------
-def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None, fused=True):
-    """h (T, in) float32 through norm then the linear on the device: fused (one rows launch that
+def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None, fused=True, mma=None):
+    """h (T, in) float32 through norm then the linear on the device: fused (one launch that
     stages norm(h)) or as two launches (the norm kernel, its output half where `half`, then the
-    linear). -> (T, out) host float32."""
+    linear); mma: an MmaPath (the tensor-core rows), else the rows kernels. -> (T, out) host
+    float32."""
     from tinyloop.backends.cuda.launch import elementwise
     packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     h_dev = device.asarray(h)
@@ -633,7 +634,7 @@ def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None
     b_dev = None if norm_b is None else device.asarray(norm_b)
     out = device.zeros((h.shape[0], packed.out_features), np.float32)
     if fused:
-        launch.linear(device.module("linear"), h_dev, packed, out, True, column_block_cap=cap,
+        launch.linear(device.module("linear"), h_dev, packed, out, True, column_block_cap=cap, mma=mma,
                       norm=launch.NormFold(norm, w_dev, b_dev, 1e-5, half))
     else:
         x = device.zeros(h.shape, np.float16 if half else np.float32)
@@ -641,7 +642,7 @@ def fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, cap=None
             elementwise.rms_norm(device.module("elementwise"), h_dev, w_dev, 1e-5, x)
         else:
             elementwise.layer_norm(device.module("elementwise"), h_dev, w_dev, b_dev, 1e-5, x)
-        launch.linear(device.module("linear"), x, packed, out, True, column_block_cap=cap)
+        launch.linear(device.module("linear"), x, packed, out, True, column_block_cap=cap, mma=mma)
     return device.to_host(out)
 
 

@@ -12,7 +12,7 @@ from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.backends.reference.twins import linear as twin
 from tinyloop.model.quant import quantize_rtn
 
-from test_cuda_linear import assert_bits_equal, magnitude, weight_part
+from test_cuda_linear import assert_bits_equal, fused_norm_call, magnitude, weight_part
 
 pytestmark = pytest.mark.harness       # the kernels run on the CPU harness (or a GPU): scripts/exactness_matrix.py
 
@@ -239,25 +239,9 @@ def test_counters_are_left_zero_and_a_second_launch_repeats_the_bits(kernel_devi
 def mma_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, fused=True):
     """h (T, in) float32 through the norm then the linear on the tensor-core rows: fused (one
     linear_mma launch staging norm(h), each row's statistics summed by one warp) or as two
-    launches (the norm kernel's 256 threads, its output half where `half`, then linear_mma).
-    -> (T, out) host float32."""
-    from tinyloop.backends.cuda.launch import elementwise
-    packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
-    h_dev, w_dev = device.asarray(h), device.asarray(norm_w)
-    b_dev = None if norm_b is None else device.asarray(norm_b)
-    out = device.zeros((h.shape[0], packed.out_features), np.float32)
-    mma = Scratch(device).path()
-    if fused:
-        launch.linear(device.module("linear"), h_dev, packed, out, True, mma=mma,
-                      norm=launch.NormFold(norm, w_dev, b_dev, 1e-5, half))
-    else:
-        x = device.zeros(h.shape, np.float16 if half else np.float32)
-        if norm == "rms":
-            elementwise.rms_norm(device.module("elementwise"), h_dev, w_dev, 1e-5, x)
-        else:
-            elementwise.layer_norm(device.module("elementwise"), h_dev, w_dev, b_dev, 1e-5, x)
-        launch.linear(device.module("linear"), x, packed, out, True, mma=mma)
-    return device.to_host(out)
+    launches (the norm kernel's 256 threads, then linear_mma). -> (T, out) host float32."""
+    return fused_norm_call(device, parts, bias, h, norm, norm_w, norm_b, half, fused=fused,
+                           mma=Scratch(device).path())
 
 
 @pytest.mark.parametrize("rows,n_in,group", [(1, 576, 32), (5, 100, 32), (16, 1024, 64), (17, 640, 128),
