@@ -20,15 +20,19 @@
 // from the float32 weight of the rows kernels by at most half an ulp of half, so this path's
 // results agree with linear.cu's within a tolerance (tests), not bit for bit.
 //
-// Work split. Block: MMA_WARPS warps, 16 output columns each (two n8 tiles), MMA_BLOCK_COLS
-// columns; grid (column blocks, splits, row tiles of 16). A split covers split_k stored columns
-// (a multiple of MMA_CHUNK; the launcher splits only where the column blocks alone leave the
-// GPU short of loads in flight), in batches of MMA_MAX_CHUNKS chunks: a lane holds a batch's
-// weights in registers (one 16-byte load per chunk and n8 tile, 8 x 512 bytes a warp) and loads
-// the next batch's while the block stages this batch's inputs in shared memory as half and
-// the warps sum its products. Partial sums of a split go to `partials`; the last block of a
-// column block to finish (counters, left zero for the next launch) adds the splits in
-// increasing order and runs the epilogue. One split: no partials, the epilogue directly.
+// Work split. Block: MMA_WARPS warps, each 16 output columns (two n8 tiles) of one split of k:
+// `parts` splits (1, 2 or 4, the launcher's choice) of MMA_WARPS / parts column groups, so
+// MMA_BLOCK_COLS / parts columns; grid (column blocks, splits / parts, row tiles of 16). A split
+// covers split_k stored columns (a multiple of MMA_CHUNK, a function of the weight's shape: the
+// launcher splits where the column groups alone leave the GPU short of loads in flight), in
+// batches of MMA_MAX_CHUNKS chunks: a lane holds a batch's weights in registers (one 16-byte
+// load per chunk and n8 tile, 8 x 512 bytes a warp) and loads the next batch's while the block
+// stages this batch's inputs (each part's) in shared memory as half and the warps sum its
+// products. The splits are then added in increasing order: in shared memory where a block holds
+// them all (no round trip); else each split's partial sums go to `partials` and the last block
+// of a column block to finish (counters, left zero for the next launch) adds them. Either way the
+// same additions in the same order, so `parts` changes no bit. One split: no sum, the epilogue
+// directly.
 //
 // k order inside a chunk (128 stored columns, 8 mma steps): lane c of a column's 4 lanes
 // holds stored columns 32c .. 32c + 31 of the chunk as 4 words of 8 codes; word q serves steps
@@ -48,6 +52,7 @@
 #define MMA_CHUNK 128                       // stored columns per chunk: 4 lanes x 32
 #define MMA_MAX_CHUNKS 4                    // chunks per batch: a lane's loads in flight
 #define MMA_XS_PITCH (MMA_MAX_CHUNKS * 16 * 8 + 4)   // staged words per g (+4: the next g 4 banks on)
+#define MMA_XS_WORDS (8 * MMA_XS_PITCH)            // one part's staged batch
 
 // Bits as a half2 (its low 16 bits the first half), and back.
 __device__ __forceinline__ __half2 mma_bits_half2(unsigned int bits) { return *reinterpret_cast<__half2*>(&bits); }
@@ -103,10 +108,10 @@ struct MmaBatch {
 };
 
 // What a lane loads from, found once a launch (the loads' addresses were found again for every
-// chunk and tile, about 37 instructions each, a third of the batch loop): its two rows (o = col0
-// + 16 warp + 8 j + g) as the first row's code words and group parameters plus the second's
-// offset, whether each row is in the weight, the stored columns the split reads to (`end`), and
-// the group of a column as a shift (groups of 32, 64 or 128: mma_eligible).
+// chunk and tile, about 37 instructions each, a third of the batch loop): its two rows (o = the
+// warp's first column + 8 j + g) as the first row's code words and group parameters plus the
+// second's offset, whether each row is in the weight, the stored columns the split reads to
+// (`end`), and the group of a column as a shift (groups of 32, 64 or 128: mma_eligible).
 struct MmaLane {
     const unsigned int* codes;          // row o_0's words from the lane's first column (32 c)
     const __half* scale;                // row o_0's scales
@@ -116,9 +121,9 @@ struct MmaLane {
     bool row_in[2];
 };
 
-__device__ __forceinline__ MmaLane mma_lane(const LinearArgs& a, int col0, int k0, int split_k) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int o = col0 + warp * 16 + g;
+__device__ __forceinline__ MmaLane mma_lane(const LinearArgs& a, int warp_col0, int k0, int split_k) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int o = warp_col0 + g;                        // warp_col0: the warp's first column
     MmaLane l;
     l.codes = a.weights + (long long)o * a.words_per_row + 4 * c;
     l.scale = static_cast<const __half*>(a.scale) + (long long)o * a.groups;
@@ -172,13 +177,21 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
 // NORM (a.norm: the pre-norm folded in, x the float32 residual stream): each input is the norm
 // kernel's value (linear_norm.cuh normed_value, st: the tile's rows' statistics), as the rows
 // kernels stage it; rounded to half for the mma as the norm kernel's output would be.
+// Parts (the block's splits, 1, 2 or 4 of them, parts_log2 their log): part p's batch, from
+// stored column kb + p split_k, into its own buffer, xs + p MMA_XS_WORDS. A pass's index is
+// (row, part, item) by shifts and masks (an integer division by a count known only at run time
+// is some 20 instructions), the items of a row rounded up to a power of two.
 template <class X, bool NORM>
-__device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int chunks, int row0, int rows,
-                                                unsigned int* xs, const NormStats* st) {
-    const int items = chunks * (MMA_CHUNK / 8);                  // items per row
-    for (int i = threadIdx.x; i < rows * items; i += MMA_THREADS) {
-        const int r = i / items, item = i - r * items;            // row r of the tile: g = r % 8
-        const int col = kb + item * 8;
+__device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int chunks, int parts_log2, int split_k,
+                                                int row0, int rows, unsigned int* xs, const NormStats* st) {
+    const int items = chunks * (MMA_CHUNK / 8);                  // items per row: 16 a chunk
+    const int item_bits = chunks > 2 ? 6 : chunks > 1 ? 5 : 4;  // log2 of 16, 32, 64 >= items
+    const int parts_mask = (1 << parts_log2) - 1;
+    for (int i = threadIdx.x; i < rows << (parts_log2 + item_bits); i += MMA_THREADS) {
+        const int item = i & ((1 << item_bits) - 1), row_part = i >> item_bits;
+        if (item >= items) continue;                              // a row of 3 chunks: 48 of 64
+        const int p = row_part & parts_mask, r = row_part >> parts_log2;   // row r of the tile: g = r % 8
+        const int col = kb + p * split_k + item * 8;
         const bool whole = col + 8 <= a.in_features;               // no padding column among the 8
         float v[8];
         if (NORM) {
@@ -216,7 +229,7 @@ __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int
         // the item's words: pair q of rows g and g + 8 at (q / 2) 4 + (q % 2) 2 + (r >= 8)
         const int ch = item / 16, within = item % 16;              // within = 4 c + q
         const int slot = ch * 16 + (within & 3) * 4 + (within >> 2);
-        unsigned int* dst = xs + (r & 7) * MMA_XS_PITCH + slot * 8 + (r >> 3);
+        unsigned int* dst = xs + p * MMA_XS_WORDS + (r & 7) * MMA_XS_PITCH + slot * 8 + (r >> 3);
 #pragma unroll
         for (int q = 0; q < 4; q++)                                // a half x: exact
             dst[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[mma_stored_offset(2 * q)], v[mma_stored_offset(2 * q + 1)]);
@@ -229,7 +242,7 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int ch = 0; ch < MMA_MAX_CHUNKS; ch++) {
-        if (ch >= chunks) break;                                  // uniform over the block
+        if (ch >= chunks) break;                                  // uniform over the warp
         __half2 scale[2], minimum[2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -259,21 +272,32 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
 
 template <class X, bool NORM>
 __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* partials, unsigned int* counters,
-                                                   int split_k, unsigned int* xs, int* last_flag,
+                                                   int split_k, int parts, unsigned int* xs, int* last_flag,
                                                    NormStats* st) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int col_block = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
-    const int n_splits = gridDim.y;
-    const int col0 = col_block * MMA_BLOCK_COLS;
+    const int col_block = blockIdx.x, tile = blockIdx.z;
+    // the block's warps: MMA_WARPS / parts column groups of 16, each `parts` splits of k
+    const int part = warp % parts, col_group = warp / parts;
+    const int block_cols = MMA_BLOCK_COLS / parts;
+    const int stored = a.words_per_row * 8;
+    const int n_splits = (stored + split_k - 1) / split_k;
+    const int first_split = blockIdx.y * parts;                   // the block's part 0
+    // the parts staged: those with columns (a last block may have fewer), rounded up to a power of two
+    const int block_parts = min(parts, n_splits - first_split);
+    const int stage_parts_log2 = block_parts > 2 ? 2 : block_parts > 1 ? 1 : 0;
+    const int split = first_split + part;                         // this warp's
+    const int col0 = col_block * block_cols;
     const int row0 = tile * MMA_TILE_ROWS;
     const int rows = min(MMA_TILE_ROWS, a.n_rows - row0);         // this tile's rows, 1..16
     const int k0 = split * split_k;                               // first stored column of the split
-    const int chunks = (min(split_k, a.words_per_row * 8 - k0) + MMA_CHUNK - 1) / MMA_CHUNK;   // with columns
-    const int batches = (chunks + MMA_MAX_CHUNKS - 1) / MMA_MAX_CHUNKS;
+    // chunks with columns: this warp's split's (0 past the last split), and the block's most (part 0's)
+    const int chunks = split < n_splits ? (min(split_k, stored - k0) + MMA_CHUNK - 1) / MMA_CHUNK : 0;
+    const int lead_chunks = (min(split_k, stored - first_split * split_k) + MMA_CHUNK - 1) / MMA_CHUNK;
+    const int batches = (lead_chunks + MMA_MAX_CHUNKS - 1) / MMA_MAX_CHUNKS;   // uniform over the block
 
     // The first batch's weights load first, so the folded norm's statistics below take no
     // round trip of their own on top of theirs
-    const MmaLane lane_at = mma_lane(a, col0, k0, split_k);
+    const MmaLane lane_at = mma_lane(a, col0 + col_group * 16, k0, split_k);
     MmaBatch current, next;
     mma_load_batch(lane_at, k0, current);
     // The folded pre-norm: the statistics of the tile's rows, warp w taking rows w, w + 4, ...
@@ -295,48 +319,73 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
     // between two buffers, so one barrier a batch suffices (a buffer is written again only
     // after the next batch's barrier, which every reader of it has passed). Only loads move:
     // the sums keep the k order (chunk after chunk), so no bit depends on the batching.
+    // The block stages each part's batch (part p from stored column first_split split_k + p
+    // split_k); a warp sums its own part's, its own split's chunks (a last split may be short).
     for (int batch = 0; batch < batches; batch++) {
-        const int kb = k0 + batch * MMA_MAX_CHUNKS * MMA_CHUNK;
-        const int batch_chunks = min(chunks - batch * MMA_MAX_CHUNKS, MMA_MAX_CHUNKS);
+        const int offset = batch * MMA_MAX_CHUNKS * MMA_CHUNK;     // within each split
+        const int stage_chunks = min(lead_chunks - batch * MMA_MAX_CHUNKS, MMA_MAX_CHUNKS);
+        const int batch_chunks = min(chunks - batch * MMA_MAX_CHUNKS, MMA_MAX_CHUNKS);   // <= 0: none
         if (batch + 1 < batches)
-            mma_load_batch(lane_at, kb + MMA_MAX_CHUNKS * MMA_CHUNK, next);
-        unsigned int* buffer = xs + (batch & 1) * 8 * MMA_XS_PITCH;
-        mma_stage_batch<X, NORM>(a, kb, batch_chunks, row0, rows, buffer, st);
+            mma_load_batch(lane_at, k0 + offset + MMA_MAX_CHUNKS * MMA_CHUNK, next);
+        unsigned int* buffer = xs + (batch & 1) * parts * MMA_XS_WORDS;
+        mma_stage_batch<X, NORM>(a, first_split * split_k + offset, stage_chunks, stage_parts_log2, split_k,
+                                 row0, rows, buffer, st);
         __syncthreads();
-        mma_batch_products(current, batch_chunks, buffer, acc);
+        mma_batch_products(current, batch_chunks, buffer + part * MMA_XS_WORDS, acc);
         if (batch + 1 < batches) current = next;
     }
 
-    // 4. this lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile. One split: the
-    // epilogue; several: the split's partials, (splits, n_rows, n_out) floats
+    // 4. this lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile, of its split. One
+    // split: the epilogue; the block's splits all: into shared memory (xs, once every warp is
+    // past its last products), for the block's ordered sum; more: the split's partials, (splits,
+    // n_rows, n_out) floats, for the last block's
     const int n_cols = a.n_out;
+    const bool in_block = n_splits > 1 && gridDim.y == 1;
+    float* block_sums = reinterpret_cast<float*>(xs);              // (parts, rows, block_cols)
+    if (in_block) __syncthreads();
+    if (split < n_splits) {
 #pragma unroll
-    for (int j = 0; j < 2; j++)
+        for (int j = 0; j < 2; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = g + (i >= 2 ? 8 : 0);
-            const int o = col0 + warp * 16 + j * 8 + 2 * c + (i & 1);
-            if (r >= rows || o >= n_cols) continue;
-            if (n_splits == 1) store_output(a, row0 + r, o, acc[j][i]);
-            else partials[((long long)split * a.n_rows + row0 + r) * n_cols + o] = acc[j][i];
-        }
+            for (int i = 0; i < 4; i++) {
+                const int r = g + (i >= 2 ? 8 : 0);
+                const int cc = col_group * 16 + j * 8 + 2 * c + (i & 1);   // within the block
+                const int o = col0 + cc;
+                if (r >= rows || o >= n_cols) continue;
+                if (n_splits == 1) store_output(a, row0 + r, o, acc[j][i]);
+                else if (in_block) block_sums[(part * rows + r) * block_cols + cc] = acc[j][i];
+                else partials[((long long)split * a.n_rows + row0 + r) * n_cols + o] = acc[j][i];
+            }
+    }
     if (n_splits == 1) return;
-    // The last split block of this column block and row tile adds the splits in order. Each
+    if (in_block) {
+        // the splits in increasing order, as the last block adds them below (the same bits)
+        __syncthreads();
+        for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
+            const int r = i / block_cols, cc = i - r * block_cols, o = col0 + cc;
+            if (o >= n_cols) continue;
+            float sum = block_sums[r * block_cols + cc];
+            for (int s = 1; s < n_splits; s++) sum = tl_add(sum, block_sums[(s * rows + r) * block_cols + cc]);
+            store_output(a, row0 + r, o, sum);
+        }
+        return;
+    }
+    // The last block of this column block and row tile to finish adds the splits in order. Each
     // block's fence puts its partials in memory before its count; the one that brings the
-    // count to n_splits resets it (for the next launch, or a replayed graph).
+    // count to the blocks along y resets it (for the next launch, or a replayed graph).
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned int* counter = counters + (long long)tile * gridDim.x + col_block;
-        const bool last = atomicAdd(counter, 1u) + 1u == (unsigned int)n_splits;
+        const bool last = atomicAdd(counter, 1u) + 1u == gridDim.y;
         if (last) *counter = 0u;
         *last_flag = last;
     }
     __syncthreads();
     if (!*last_flag) return;                                      // uniform over the block
     __threadfence();
-    for (int i = threadIdx.x; i < rows * MMA_BLOCK_COLS; i += MMA_THREADS) {
-        const int r = i / MMA_BLOCK_COLS, o = col0 + i % MMA_BLOCK_COLS;
+    for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
+        const int r = i / block_cols, o = col0 + i % block_cols;
         if (o >= n_cols) continue;
         const float* p = partials + (long long)(row0 + r) * n_cols + o;
         float sum = tl_load_from_other_blocks(p);
@@ -348,25 +397,30 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
 
 // -- entry point (declared by name: the CPU harness finds kernels by their declarations) ---------
 // LINEAR_PARAMS (linear_kinds.cuh; rows_per_block unused), then partials: (splits, n_rows, n_out)
-// float32 scratch (unused with one split), counters: one uint32 per (row tile, column block),
-// zero (and left zero), split_k: stored columns per split, a multiple of MMA_CHUNK.
-// Launch: block (MMA_THREADS,), grid (ceil(n_out / 64), ceil(stored columns / split_k),
-// ceil(n_rows / 16)).
+// float32 scratch (unused unless the splits outnumber a block's parts), counters: one uint32 per
+// (row tile, column block), zero (and left zero), split_k: stored columns per split, a multiple
+// of MMA_CHUNK, parts: the splits a block's warps take (1, 2 or 4: MMA_WARPS / parts column
+// groups of 16 a block).
+// Launch: block (MMA_THREADS,), grid (ceil(n_out / (64 / parts)), ceil(splits / parts),
+// ceil(n_rows / 16)), dynamic shared memory 2 parts MMA_XS_WORDS words (the staging buffers:
+// 32.3 KiB a part).
 // __launch_bounds__(128, 3): two batches' weights in registers take ~160; at 4 blocks per SM
 // (128 registers) ptxas spilled them (cuda/RESOURCES.md, checked in CI).
+// The harness resolves `extern __shared__` only outside templates.
+extern __shared__ __align__(16) unsigned int mma_xs[];
+
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3)
-linear_mma_int4(LINEAR_PARAMS(__half), float* partials, unsigned int* counters, int split_k) {
+linear_mma_int4(LINEAR_PARAMS(__half), float* partials, unsigned int* counters, int split_k, int parts) {
     tl_dependent_launch();
-    __shared__ __align__(16) unsigned int xs[2 * 8 * MMA_XS_PITCH];   // two batches' inputs: 32.1 KiB
     __shared__ int last_flag;
     __shared__ NormStats st[MMA_TILE_ROWS];                           // the folded norm's rows
     const LinearArgs a = LINEAR_ARGS;
     // scripts/sass_loops.py (TL_MODEL_COMMON_PATH): float inputs, with and without the norm
-    if (a.norm) linear_mma_int4_of<float, true>(a, partials, counters, split_k, xs, &last_flag, st);
+    if (a.norm) linear_mma_int4_of<float, true>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #ifdef TL_MODEL_COMMON_PATH
-    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, xs, &last_flag, st);
+    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #else
-    else if (a.x_half) linear_mma_int4_of<__half, false>(a, partials, counters, split_k, xs, &last_flag, st);
-    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, xs, &last_flag, st);
+    else if (a.x_half) linear_mma_int4_of<__half, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
+    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #endif
 }

@@ -263,27 +263,35 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     body = min(batch_loops, key=lambda l: l["instructions"])
     split_k = linear_launch.mma_split_k(n_in, n_out)
     chunks, splits = split_k // linear_launch.MMA_CHUNK, -(-n_in // split_k)
+    parts = linear_launch.mma_parts(splits, rows)
+    y_blocks = -(-splits // parts)
     batches = -(-chunks // linear_launch.MMA_MAX_CHUNKS)
     stage_pass = min(l["instructions"] for l in stage) if stage else 0
-    # a chunk's staging is 16 items (8 columns each) for each row of the call's tile, a row of
-    # an item a pass, over the block's 128 threads: two passes a chunk for a full tile of 16
-    # rows, an eighth for one row
+    # a chunk's staging is 16 items (8 columns each) for each row of the call's tile and each of
+    # the block's parts, a row of an item a pass, over the block's 128 threads: two passes a
+    # chunk for a full tile of 16 rows, an eighth for one row, times the parts
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
     instructions = ((body["instructions"] - stage_pass) * chunks / linear_launch.MMA_MAX_CHUNKS
-                    + chunks * stage_pass * tile_rows * (linear_launch.MMA_CHUNK // 8) / linear_launch.MMA_THREADS)
+                    + chunks * stage_pass * tile_rows * (linear_launch.MMA_CHUNK // 8) * parts
+                    / linear_launch.MMA_THREADS)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
-    warps = -(-n_out // linear_launch.MMA_BLOCK_COLS) * splits * tiles * (linear_launch.MMA_THREADS // 32)
-    detail = expected_fraction(loop, resident_warps("linear_mma_int4", linear_launch.MMA_THREADS), warps)
-    partials = 2 * splits * rows * n_out * 4 if splits > 1 else 0
+    # the warps with a split (3 splits on 4 parts leave a warp of each block idle), and of an
+    # SM's resident warps (the staging buffers, 2 x 16.1 KiB a part, bound the blocks) as many
+    warps = -(-n_out // 16) * splits * tiles
+    busy = splits / (parts * y_blocks)
+    resident = resident_warps("linear_mma_int4", linear_launch.MMA_THREADS, linear_launch.mma_shared_bytes(parts))
+    detail = expected_fraction(loop, max(1, round(resident * busy)), warps)
+    partials = 2 * splits * rows * n_out * 4 if y_blocks > 1 else 0
     stats_s = 0.0
     if norm:
         warp_rows = -(-min(rows, linear_launch.MMA_TILE_ROWS) // (linear_launch.MMA_THREADS // 32))
         trips = warp_rows * (1 if norm == "rms" else 2) * -(-n_in // 2048)
         stats_s = max(0.0, trips * L2_LATENCY_S - LATENCY_S)
-    # the last block: its counter's atomic, then a split's partial a round trip (L2)
-    return {"partials": partials, "detail": {**detail, "splits": splits}, "fraction": detail["fraction"],
-            "extra_s": (LATENCY_S + splits * L2_LATENCY_S if splits > 1 else 0.0) + stats_s}
+    # the last block: its counter's atomic, then a split's partial a round trip (L2); splits a
+    # block holds all are added from shared memory after a barrier: no round trip, not counted
+    return {"partials": partials, "detail": {**detail, "splits": splits, "parts": parts}, "fraction": detail["fraction"],
+            "extra_s": (LATENCY_S + splits * L2_LATENCY_S if y_blocks > 1 else 0.0) + stats_s}
 
 
 def rows_chunks(rows: int) -> list[int]:

@@ -221,6 +221,8 @@ def analyse(arch: str, only: str | None = None) -> dict:
             tagged.update({(source.name, line): name for line, name in tags(source).items()})
     out = {}
     for source in sorted((ROOT / "cuda").glob("*.cu")):
+        if only and only not in source.read_text():          # --kernel: only the files naming it
+            continue
         for kernel, code in parse(disassemble(source, arch, tool)).items():
             if only and kernel != only:
                 continue

@@ -85,15 +85,42 @@ def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group):
 
 def test_the_splits_are_a_function_of_the_weight_alone():
     """The splits of the model shapes: one where the column blocks reach MMA_TARGET_BLOCKS (no
-    partials, no reduction), else enough to make up the difference, never more than one per
-    chunk; the twin uses the launcher's choice."""
-    assert launch.MMA_TARGET_BLOCKS == 32
+    sum), else enough to make up the difference, never more than MMA_MAX_SPLITS nor one per
+    chunk; the twin uses the launcher's choice. And the parts a block takes: all the splits (3
+    on 4 parts), or one a block past a tile of rows."""
+    assert (launch.MMA_TARGET_BLOCKS, launch.MMA_MAX_SPLITS) == (64, 4)
     assert launch.mma_split_k(2048, 50257) == 2048        # the head: 786 column blocks, one split
     assert launch.mma_split_k(2048, 6144) == 2048         # doc-407m qkv: 96 column blocks
-    assert launch.mma_split_k(8192, 2048) == 8192         # down: 32 column blocks, 16 batches a warp
-    assert launch.mma_split_k(576, 960) == 256            # SmolLM2 qkv: 15 column blocks, 3 splits
-    assert launch.mma_split_k(576, 576) == 256            # SmolLM2 out: 9 column blocks, 3 splits of 2 chunks
+    assert launch.mma_split_k(2048, 8192) == 2048         # up: 128
+    assert launch.mma_split_k(8192, 2048) == 4096         # down: 32 column blocks, 2 splits of 8 batches
+    assert launch.mma_split_k(2048, 2048) == 1024         # out: 2 splits of 2 batches
+    assert launch.mma_split_k(576, 960) == 256            # SmolLM2 qkv: 15 column blocks, 4 wanted: 3 of 2 chunks
+    assert launch.mma_split_k(1536, 576) == 384           # down: 9 column blocks, 4 splits of 3 chunks
+    assert launch.mma_split_k(640, 64) == 256             # 1 column block: 4 splits wanted, 3 of 2 chunks
     assert launch.mma_split_k(128, 64) == 128
+    assert [launch.mma_parts(splits, 1) for splits in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    assert [launch.mma_parts(3, rows) for rows in (16, 17)] == [4, 1]
+
+
+@pytest.mark.parametrize("n_out,n_in,rows", [(70, 640, 1), (150, 1280, 5), (64, 1280, 16), (150, 576, 17)])
+def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, rows):
+    """The same splits added by a block's warps in shared memory (2 or 4 parts: 3 splits on 4
+    parts leaves a warp idle) or by the last block from the partials (1 part): the same bits,
+    and the twin's, with 1 to 17 rows."""
+    rng = np.random.default_rng(n_in * 3 + rows)
+    parts = [int4_part(rng, n_out, n_in)]
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    split_k = launch.mma_split_k(n_in, n_out)
+    assert -(-n_in // split_k) in (3, 4)
+    runs = {}
+    for forced in (1, 2, 4):
+        monkeypatch.setattr(launch, "mma_parts", lambda splits, n_rows, forced=forced: forced)
+        runs[forced] = run_mma(kernel_device, parts, bias, x, x_pad=(1, 2))
+    assert_bits_equal(runs[2], runs[1])
+    assert_bits_equal(runs[4], runs[1])
+    if not on_gpu(kernel_device):
+        assert_bits_equal(runs[1], twin.linear_mma(x, pack_linear(parts, bias, np)))
 
 
 @pytest.mark.parametrize("target,n_out,n_in,rows", [(1, 150, 1280, 17), (1, 70, 1000, 3), (2, 64, 1280, 1)])

@@ -115,6 +115,30 @@ def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
     assert cuda_estimates.mma_call(2048, 6144, 16)["detail"]["splits"] == 1
 
 
+def test_a_blocks_parts_cost_no_round_trip_and_multiply_the_staging(monkeypatch):
+    """linear_mma's splits: doc-407m's down projection (32 column blocks of 64) takes 2 splits,
+    both in one block (2 parts: no partials, no round trip); past a tile of rows (17) one split
+    a block, whose sum costs the counter's round trip and one from L2 a split. A block stages
+    each of its parts' inputs: at 16 rows, 4 parts issue the staging passes 4 times (worked from
+    the machine code's batch loop and staging pass: body - pass a batch, plus 16 rows x 16
+    items a chunk over 128 threads, times the parts). And the staging buffers (2 x 16.1 KiB a
+    part) leave an SM one block of 4 parts."""
+    one, tiles = cuda_estimates.mma_call(8192, 2048, 1), cuda_estimates.mma_call(8192, 2048, 17)
+    assert (one["detail"]["splits"], one["detail"]["parts"], one["extra_s"], one["partials"]) == (2, 2, 0.0, 0)
+    assert tiles["detail"]["parts"] == 1 and tiles["extra_s"] == pytest.approx(600e-9 + 2 * 300e-9)
+    loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
+    body = min(l["instructions"] for l in loops if "linear-mma-weights" in l["tags"] and "linear-mma-norm" not in l["tags"])
+    stage_pass = min(l["instructions"] for l in loops if l["tags"] == ["linear-mma-stage"])
+    issue = {}
+    for parts in (1, 4):
+        monkeypatch.setattr(cuda_estimates.linear_launch, "mma_parts", lambda splits, rows, parts=parts: parts)
+        issue[parts] = cuda_estimates.mma_call(8192, 2048, 16)["detail"]["issue"]
+    chunks = 32                                            # a split of 4,096 stored columns
+    by_parts = {p: (body - stage_pass) * chunks / 4 + chunks * stage_pass * 16 * 16 * p / 128 for p in (1, 4)}
+    assert issue[1] / issue[4] == pytest.approx(by_parts[4] / by_parts[1], rel=0.01)
+    assert cuda_estimates.resident_warps("linear_mma_int4", 128, cuda_estimates.linear_launch.mma_shared_bytes(4)) == 4
+
+
 def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_rows():
     """TINYLOOP_CUDA_MMA_ROWS: the pre-norm rides on linear_mma (qkv, up, head) for up to
     MMA_NORM_FOLD_MAX_ROWS rows, as the backend does: a doc-407m decode step launches no norm

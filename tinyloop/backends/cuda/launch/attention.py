@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.cuda.launch.kv import DeviceView, TokenTables, check_rotation
+from tinyloop.backends.cuda.launch.memory import allow_shared
 from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
@@ -20,7 +21,6 @@ NO_TREE = 1 << 30            # shared_end when there is no draft tree
 CHUNK_BLOCKS = 1             # S: 64-key blocks per chunk (cuda/attention.cu ATT_CHUNK_BLOCKS, the twin's)
 SCRATCH_BUDGET = 128 << 20   # bytes of partials one call allocates at most when not given a scratch
 MAX_GRID_Z = 65535
-DEFAULT_SHARED_LIMIT = 48 * 1024
 KERNELS = {"fp16": "attention_fp16", "fp32": "attention_fp32", "int8": "attention_int8",
            "int4": "attention_int4", "int4-h": "attention_int4h"}
 MERGE_KERNEL = "attention_merge"
@@ -130,25 +130,6 @@ def scratch_floats(n_queries: int, n_heads: int, head_dim: int, chunks: int) -> 
     return n_queries * partial_floats(n_heads, head_dim, chunks)
 
 
-def _allow_shared(function, nbytes: int) -> None:
-    """Over 48 KiB a kernel must opt in (CUDA's MAX_DYNAMIC_SHARED_SIZE_BYTES; sm_80 allows up
-    to 163 KiB, sm_90 227 KiB): CuPy's Function exposes it as a settable attribute. The CPU
-    harness's functions have no such attribute and need none. A device that refuses the size
-    is an error here, naming the sizes, not a failed launch later."""
-    if nbytes <= DEFAULT_SHARED_LIMIT or not hasattr(function, "max_dynamic_shared_size_bytes"):
-        return
-    if function.max_dynamic_shared_size_bytes >= nbytes:
-        return
-    try:
-        function.max_dynamic_shared_size_bytes = nbytes
-    except Exception as error:            # noqa: BLE001 - CuPy raises its CUDA runtime error
-        raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block and the device "
-                           f"refuses it ({type(error).__name__}: {error})") from error
-    if function.max_dynamic_shared_size_bytes < nbytes:
-        raise RuntimeError(f"attention needs {nbytes} bytes of shared memory per block; the device "
-                           f"allows {function.max_dynamic_shared_size_bytes}")
-
-
 def _array_module(out):
     if isinstance(out, np.ndarray):
         return np
@@ -239,10 +220,10 @@ def attention(module, kv: DeviceView, q, slot: int, positions_dev, window: int, 
     shared = shared_bytes(group, head_dim, qb, tiles)
     vector = vector_loads(kv)
     function = module.get_function(KERNELS[kv.mode])
-    _allow_shared(function, shared)
+    allow_shared(function, shared, "attention")
     merge = module.get_function(MERGE_KERNEL)
     merge_shared = merge_shared_bytes(group, head_dim)
-    _allow_shared(merge, merge_shared)
+    allow_shared(merge, merge_shared, "attention_merge")
     q_stride = np.int32(q.strides[0] // 4)
     for start in range(0, n_queries, batch):
         stop = min(start + batch, n_queries)

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from tinyloop.backends.cuda.launch.kv import KvFold
-from tinyloop.backends.cuda.launch.memory import may_overlap
+from tinyloop.backends.cuda.launch.memory import allow_shared, may_overlap
 from tinyloop.backends.cuda.launch.packing import COLUMNS_PER_WORD, PackedLinear
 
 ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
@@ -46,9 +46,17 @@ MMA_BLOCK_COLS = 64            # output columns per block (MMA_BLOCK_COLS)
 MMA_TILE_ROWS = 16             # rows per tile: the mma's m
 MMA_CHUNK = 128                # stored columns per chunk (MMA_CHUNK)
 MMA_MAX_CHUNKS = 4             # chunks per batch (MMA_MAX_CHUNKS)
-MMA_TARGET_BLOCKS = 32        # column blocks x splits to reach: below it, split k (the paper
-                               # model's best for both model shapes, scripts/cuda_estimates.py: a
-                               # split's reduction costs two round trips, fewer warps less in flight)
+MMA_TARGET_BLOCKS = 64        # column blocks of 64 x splits to reach: below it, split k (the paper
+                               # model's best for both model shapes, scripts/cuda_estimates.py: 32
+                               # leaves doc-407m's out and down projections at 46% of the bytes in
+                               # flight they need; 96 takes three splits there, whose staging makes
+                               # a 16-row verify issue-bound)
+MMA_MAX_SPLITS = 4             # a weight's splits at most: as many as a block's warps can take
+MMA_MAX_PARTS = 4              # splits a block's warps take at most (MMA_WARPS): its 4 warps then
+                               # 16 columns, its splits added in shared memory, no round trip
+MMA_PARTS_MAX_ROWS = 16        # more rows (several row tiles, so more blocks): one split a block,
+                               # the partials added by the last block, the staging shared by 4 warps
+MMA_XS_PART_BYTES = 8 * (MMA_MAX_CHUNKS * 16 * 8 + 4) * 4   # MMA_XS_WORDS: one part's staged batch
 MMA_NORM_FOLD_MAX_ROWS = 4     # the most rows a call on linear_mma folds the pre-norm into (the
                                # backend runs the norm kernel first for more): past 4 a warp sums a
                                # second row's statistics and the normed staging costs more than the
@@ -102,13 +110,28 @@ def mma_eligible(seg) -> bool:
 
 def mma_split_k(stored_columns: int, n_out: int) -> int:
     """Stored columns per split: the column blocks alone when they reach MMA_TARGET_BLOCKS (one
-    split: no partials, no reduction), else as many splits as make up the difference (at most
-    one per chunk). A function of the weight's shape alone (never of the rows or the device):
-    it fixes the order of every sum."""
+    split: no sum), else as many splits as make up the difference, at most MMA_MAX_SPLITS and
+    one per chunk. A function of the weight's shape alone (never of the rows or the device): it
+    fixes the order of every sum."""
     column_blocks = _blocks(n_out, MMA_BLOCK_COLS)
     chunks = _blocks(stored_columns, MMA_CHUNK)
-    splits = min(chunks, _blocks(MMA_TARGET_BLOCKS, column_blocks))
+    splits = min(chunks, _blocks(MMA_TARGET_BLOCKS, column_blocks), MMA_MAX_SPLITS)
     return _blocks(chunks, splits) * MMA_CHUNK
+
+
+def mma_parts(splits: int, n_rows: int) -> int:
+    """The splits a block's warps take (the kernel's `parts`): all of a weight's splits (up to
+    MMA_MAX_PARTS; 3 splits take 4 parts, one warp idle), added in shared memory, or one a block
+    (splits of partials a round trip apart) for calls of many rows. Whichever it is, the same
+    additions in the same order: the bits do not depend on it, so it may depend on the rows."""
+    if splits == 1 or n_rows > MMA_PARTS_MAX_ROWS:
+        return 1
+    return 2 if splits == 2 else MMA_MAX_PARTS
+
+
+def mma_shared_bytes(parts: int) -> int:
+    """linear_mma_int4's dynamic shared memory: two batches' staging buffers per part."""
+    return 2 * parts * MMA_XS_PART_BYTES
 
 
 def rows_tile_words(cpw: int, rows: int) -> int:
@@ -204,9 +227,15 @@ class _Launch:
     block: tuple
     args: tuple
     rows_kernel: str = ""          # the segment's rows kernel kind ("int4"...), "" on another path
+    shared: int = 0                # dynamic shared memory, bytes
 
     def run(self) -> None:
-        self.module.get_function(self.name)(self.grid, self.block, self.args)
+        function = self.module.get_function(self.name)
+        if self.shared:
+            allow_shared(function, self.shared, self.name)
+            function(self.grid, self.block, self.args, shared_mem=self.shared)
+        else:
+            function(self.grid, self.block, self.args)
 
 
 def _launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap, norm, kv,
@@ -226,7 +255,9 @@ def _launches(module, x, packed, out, exact, tc_module, residual, activation, mm
         if on_mma:
             split_k = mma_split_k(seg.words_per_row * 8, seg.out_features)
             splits = _blocks(seg.words_per_row * 8, split_k)
-            grid = (_blocks(seg.out_features, MMA_BLOCK_COLS), splits, _blocks(n_rows, MMA_TILE_ROWS))
+            parts = mma_parts(splits, n_rows)
+            grid = (_blocks(seg.out_features, MMA_BLOCK_COLS // parts), _blocks(splits, parts),
+                    _blocks(n_rows, MMA_TILE_ROWS))
             block, rows_per_block = (MMA_THREADS,), n_rows
             name = "linear_mma_int4"
         elif bulk:
@@ -257,9 +288,9 @@ def _launches(module, x, packed, out, exact, tc_module, residual, activation, mm
                 np.int32(ACTIVATIONS[activation]), np.int32(y_half), *_norm_args(norm, any_float),
                 *(kv.args(any_float) if kv is not None else _no_kv_fold_args(any_float)))
         if on_mma:
-            partials = mma.scratch(splits * n_rows * seg.out_features) if splits > 1 else any_float
-            args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k))
-            launches.append(_Launch(mma.module, name, grid, block, args))
+            partials = mma.scratch(splits * n_rows * seg.out_features) if grid[1] > 1 else any_float
+            args += (partials, mma.counters(grid[0] * grid[2]), np.int32(split_k), np.int32(parts))
+            launches.append(_Launch(mma.module, name, grid, block, args, shared=mma_shared_bytes(parts)))
             continue
         launches.append(_Launch(tc_module if tensor_cores else module, name, grid, block, args,
                                 "" if bulk else seg.kernel))

@@ -1,4 +1,5 @@
-"""Whether two device arrays may share memory, the same way for CuPy and NumPy arrays.
+"""Device memory questions a launcher asks: whether two device arrays may share memory (the same
+way for CuPy and NumPy arrays), and a kernel's opt-in to more than 48 KiB of shared memory.
 
 A launcher refuses an output that overlaps an input a kernel still reads (a half output
 over its float input, a fused residual under its output): the kernels would read
@@ -28,3 +29,25 @@ def byte_bounds(array) -> tuple[int, int]:
 def may_overlap(a, b) -> bool:
     (a0, a1), (b0, b1) = byte_bounds(a), byte_bounds(b)
     return a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
+
+
+DEFAULT_SHARED_LIMIT = 48 * 1024   # dynamic shared memory a kernel gets without opting in
+
+
+def allow_shared(function, nbytes: int, kernel: str) -> None:
+    """Over 48 KiB a kernel must opt in (CUDA's MAX_DYNAMIC_SHARED_SIZE_BYTES; sm_80 allows up
+    to 163 KiB, sm_90 227 KiB): CuPy's Function exposes it as a settable attribute. The CPU
+    harness's functions have no such attribute and need none. A device that refuses the size
+    is an error here, naming the sizes, not a failed launch later."""
+    if nbytes <= DEFAULT_SHARED_LIMIT or not hasattr(function, "max_dynamic_shared_size_bytes"):
+        return
+    if function.max_dynamic_shared_size_bytes >= nbytes:
+        return
+    try:
+        function.max_dynamic_shared_size_bytes = nbytes
+    except Exception as error:            # noqa: BLE001 - CuPy raises its CUDA runtime error
+        raise RuntimeError(f"{kernel} needs {nbytes} bytes of shared memory per block and the device "
+                           f"refuses it ({type(error).__name__}: {error})") from error
+    if function.max_dynamic_shared_size_bytes < nbytes:
+        raise RuntimeError(f"{kernel} needs {nbytes} bytes of shared memory per block; the device "
+                           f"allows {function.max_dynamic_shared_size_bytes}")
