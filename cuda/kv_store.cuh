@@ -40,6 +40,11 @@ struct KvRows {
 // Floats of scratch a row's store needs: the row, then per group the stored scale and min widened.
 __host__ __device__ constexpr int kv_scratch_floats(int hd, int groups) { return hd + 2 * groups; }
 
+// The KV write folded into a qkv linear (linear_rows.cuh, linear_mma.cu): a warp stores a row
+// with this much scratch; larger heads keep the kv_write launch.
+#define KV_FOLD_MAX_HD 128
+#define KV_FOLD_SCRATCH kv_scratch_floats(KV_FOLD_MAX_HD, KV_FOLD_MAX_HD / 32)
+
 // 1/sqrt(hd) rounded to float, for hd a power of two: 2^(-k/2) is a power of two for even
 // k and 2^(-(k-1)/2) * float(1/sqrt 2) for odd k (scaling by 2^n commutes with rounding),
 // so this is exactly float32(1 / sqrt(hd)) as kv/modes.py's hadamard() rounds it.

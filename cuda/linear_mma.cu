@@ -42,6 +42,7 @@
 // shared load is a step's four A registers (step 2 below). The sum is over the same products
 // whichever slot each sits in; the order (what the stand-in and the twin add first) is this one.
 #include "linear_kinds.cuh"
+#include "kv_store.cuh"
 #include "linear_norm.cuh"
 #include "mma.cuh"
 
@@ -270,8 +271,9 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
     }
 }
 
+// -> whether this block stored outputs (a block of several splits' last to finish, or every block)
 template <class X, bool NORM>
-__device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* partials, unsigned int* counters,
+__device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* partials, unsigned int* counters,
                                                    int split_k, int parts, unsigned int* xs, int* last_flag,
                                                    NormStats* st) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -357,7 +359,7 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
                 else partials[((long long)split * a.n_rows + row0 + r) * n_cols + o] = acc[j][i];
             }
     }
-    if (n_splits == 1) return;
+    if (n_splits == 1) return true;
     if (in_block) {
         // the splits in increasing order, as the last block adds them below (the same bits)
         __syncthreads();
@@ -368,7 +370,7 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
             for (int s = 1; s < n_splits; s++) sum = tl_add(sum, block_sums[(s * rows + r) * block_cols + cc]);
             store_output(a, row0 + r, o, sum);
         }
-        return;
+        return true;
     }
     // The last block of this column block and row tile to finish adds the splits in order. Each
     // block's fence puts its partials in memory before its count; the one that brings the
@@ -382,7 +384,7 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
         *last_flag = last;
     }
     __syncthreads();
-    if (!*last_flag) return;                                      // uniform over the block
+    if (!*last_flag) return false;                                // uniform over the block
     __threadfence();
     for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
         const int r = i / block_cols, o = col0 + i % block_cols;
@@ -392,6 +394,58 @@ __device__ __forceinline__ void linear_mma_int4_of(const LinearArgs& a, float* p
         for (int s = 1; s < n_splits; s++)
             sum = tl_add(sum, tl_load_from_other_blocks(p + (long long)s * a.n_rows * n_cols));
         store_output(a, row0 + r, o, sum);
+    }
+    return true;
+}
+
+// -- the KV write folded into the qkv call (a.kv_mode), as the rows kernels fold it ---------------
+// The call's keys and values are its own output columns; each (row, kv head) has a counter that
+// reaches 2 hd once every column of that row's key and value of that head is in memory. A block
+// that stored outputs (its columns, its tile's rows) has fenced them (the caller: each thread's fence,
+// then the block's barrier), then adds to each (row, head)
+// counter the number of its columns among that head's keys and values: one atomic a pair where
+// the rows kernels add one an output (the counters are the same: a qkv of several segments,
+// some on the rows kernels, counts into them all). The count that completes a pair resets the
+// counter (for the next launch, or a replayed graph) and its warp stores the row with
+// kv_store.cuh, the kv_write_* kernels' own arithmetic (a warp a row: the same bits), reading
+// the columns other blocks wrote past L1; a count past 2 hd means a launch left a counter
+// behind, and traps. scratch: KV_FOLD_SCRATCH floats a warp (the staging buffers, done with).
+__device__ __forceinline__ void mma_kv_fold(const LinearArgs& a, int parts, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int block_cols = MMA_BLOCK_COLS / parts;
+    const int lo = a.y_offset + blockIdx.x * block_cols;          // the block's columns [lo, hi), as
+    const int hi = a.y_offset + min((int)(blockIdx.x + 1) * block_cols, a.n_out);   // the output numbers them
+    const int row0 = blockIdx.z * MMA_TILE_ROWS, rows = min(MMA_TILE_ROWS, a.n_rows - row0);
+    const int hd = a.kv_hd, pairs = rows * a.kv_n_kv;
+    const KvRows s = {static_cast<float*>(a.y) + a.kv_k_offset, static_cast<const float*>(a.y) + a.kv_v_offset,
+                      a.y_stride, a.y_stride, a.kv_blocks, a.kv_rows, a.kv_n_kv, a.kv_pool_rows, hd,
+                      a.kv_rotation, a.kv_has_rotation, a.kv_table_offsets, a.kv_per_token_tables};
+    for (int base = warp * 32; base < pairs; base += MMA_THREADS) {     // uniform over the warp
+        const int i = base + lane;
+        bool done = false;
+        int t = 0, g = 0;
+        if (i < pairs) {
+            t = row0 + i / a.kv_n_kv;
+            g = i - (t - row0) * a.kv_n_kv;
+            const int k = a.kv_k_offset + g * hd, v = a.kv_v_offset + g * hd;
+            const int mine = max(0, min(hi, k + hd) - max(lo, k)) + max(0, min(hi, v + hd) - max(lo, v));
+            if (mine > 0) {
+                unsigned int* counter = a.kv_counters + (long long)t * a.kv_n_kv + g;
+                const unsigned int count = atomicAdd(counter, (unsigned int)mine) + (unsigned int)mine;
+                if (count > 2u * (unsigned int)hd) __trap();          // a counter left behind
+                done = count == 2u * (unsigned int)hd;
+                if (done) *counter = 0u;                               // every count of the pair is in
+            }
+        }
+        unsigned int mask = __ballot_sync(TL_FULL_MASK, done);
+        if (mask) __threadfence();         // the counts this warp saw complete: their columns next
+        while (mask) {
+            const int from = __ffs(mask) - 1;
+            mask &= mask - 1u;
+            kv_store_both<WarpTeam>(s, a.kv_mode, __shfl_sync(TL_FULL_MASK, t, from),
+                                    __shfl_sync(TL_FULL_MASK, g, from), a.kv_key0, a.kv_key1, a.kv_key2,
+                                    a.kv_value0, a.kv_value1, a.kv_value2, scratch + warp * KV_FOLD_SCRATCH);
+        }
     }
 }
 
@@ -415,12 +469,19 @@ linear_mma_int4(LINEAR_PARAMS(__half), float* partials, unsigned int* counters, 
     __shared__ int last_flag;
     __shared__ NormStats st[MMA_TILE_ROWS];                           // the folded norm's rows
     const LinearArgs a = LINEAR_ARGS;
+    bool stored;
     // scripts/sass_loops.py (TL_MODEL_COMMON_PATH): float inputs, with and without the norm
-    if (a.norm) linear_mma_int4_of<float, true>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
+    if (a.norm) stored = linear_mma_int4_of<float, true>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #ifdef TL_MODEL_COMMON_PATH
-    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
+    else stored = linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #else
-    else if (a.x_half) linear_mma_int4_of<__half, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
-    else linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
+    else if (a.x_half)
+        stored = linear_mma_int4_of<__half, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
+    else stored = linear_mma_int4_of<float, false>(a, partials, counters, split_k, parts, mma_xs, &last_flag, st);
 #endif
+    if (stored && a.kv_mode) {             // uniform over the block
+        __threadfence();                   // this thread's outputs are in memory before any count,
+        __syncthreads();                   // every thread's are, and no warp reads the staging buffers
+        mma_kv_fold(a, parts, reinterpret_cast<float*>(mma_xs));
+    }
 }

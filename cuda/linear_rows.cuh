@@ -220,8 +220,6 @@ __device__ __forceinline__ void chain_wait(const LinearArgs& a) {
 // own arithmetic (one warp a row instead of one block: the same bits), reading the columns
 // other blocks wrote past L1. Nothing of this runs inside the column loops.
 #define KV_FOLD_PENDING 64                  // a warp's list: rows completed, not yet stored
-#define KV_FOLD_MAX_HD 128                  // larger heads keep the kv_write launch
-#define KV_FOLD_SCRATCH kv_scratch_floats(KV_FOLD_MAX_HD, KV_FOLD_MAX_HD / 32)
 __shared__ unsigned int kv_fold_lists[LIN_WARPS][KV_FOLD_PENDING];       // a warp's completed row * n_kv + g
 __shared__ float kv_fold_scratch[LIN_WARPS][KV_FOLD_SCRATCH];             // a warp's row being stored
 

@@ -83,19 +83,22 @@ ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4":
                      "int4-h": "attention_int4h", "fp32": "attention_fp32"}
 
 
-def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
-              kv_mode: str = "fp16", paired: bool = False, rows_folds: bool | None = None) -> list[tuple[str, int, int]]:
+def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT, kv_mode: str = "fp16",
+              paired: bool = False, rows_folds: bool | None = None,
+              swiglu_fold: bool | None = None) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
     `kv_mode` cache. fused_norm (the default, and TINYLOOP_CUDA_MMA_ROWS's up to 4 rows): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
-    residual row h instead of the norm's output. rows_folds (the rows kernels' folds; by default
-    as fused_norm, off on the tensor-core rows): the KV write rides on the qkv linear, and a
-    SwiGLU on the down projection after it, which stages swiglu(up) from the up projection's
-    2 ffn outputs (the staging's exp and divide per input are not counted: about 6 a thread
-    for SmolLM2's 1,536 inputs over a block's 256 threads). paired (TINYLOOP_CUDA_PAIR=1; int4
+    residual row h instead of the norm's output. rows_folds (by default as fused_norm): the KV
+    write rides on the qkv linear (the rows kernels' and linear_mma's); swiglu_fold (by default as
+    rows_folds, off on the tensor-core rows): a SwiGLU on the down projection after it, which
+    stages swiglu(up) from the up projection's 2 ffn outputs (the staging's exp and divide per
+    input are not counted: about 6 a thread for SmolLM2's 1,536 inputs over a block's 256
+    threads). paired (TINYLOOP_CUDA_PAIR=1; int4
     weights, the pair's kind, with the rows folds): the out projection and the up projection after
     it are one launch (OUT_PAIRED, then UP_PAIRED: the same bytes, no launch of its own)."""
     rows_folds = fused_norm if rows_folds is None else rows_folds
+    swiglu_fold = rows_folds if swiglu_fold is None else swiglu_fold
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
@@ -106,7 +109,7 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
     # qkv linear where the norm does (the rows kernels: the warps that finish a head store it)
     kv_write = 2 * kv * 4 + stored_row + 4 + kv * 4 + hd * 4
     qkv = packed_linear_bytes(d, q + 2 * kv, s["core_bits"], s["bias"])
-    paired = paired and rows_folds and s["core_bits"] == 4      # launch/linear.py PAIR_KERNELS
+    paired = paired and swiglu_fold and s["core_bits"] == 4     # launch/linear.py PAIR_KERNELS
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
@@ -124,9 +127,9 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT,
         ((UP_PAIRED if s["mlp"] == "swiglu" else UP_PAIRED_GELU) if paired else
          "linear_rows up" + ("" if s["mlp"] == "swiglu" else " (+ GELU)"),
          packed_linear_bytes(d, up_out, s["core_bits"], s["bias"]), n),
-        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not rows_folds else []),
+        *([("swiglu", (up_out + ffn) * 4, n)] if s["mlp"] == "swiglu" and not swiglu_fold else []),
         *([(DOWN_SWIGLU, packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + ffn * 4 + d * 4, n)]
-          if s["mlp"] == "swiglu" and rows_folds else
+          if s["mlp"] == "swiglu" and swiglu_fold else
           [("linear_rows down (+ residual)", packed_linear_bytes(ffn, d, s["core_bits"], s["bias"]) + d * 4, n)]),
         ("linear_rows head", packed_linear_bytes(d, s["vocab"], s["head_bits"], False), 1),
         ("argmax_rows", s["vocab"] * 4 + 4, 1),
@@ -398,8 +401,9 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     out = []
     # linear_mma folds the pre-norm into calls of up to MMA_NORM_FOLD_MAX_ROWS rows (the backend)
     norm_folded = not mma or rows <= linear_launch.MMA_NORM_FOLD_MAX_ROWS
+    # the KV write rides on the qkv call on either path, the SwiGLU only on the rows kernels'
     for name, nbytes, calls in step_rows(s, fused_norm=norm_folded, context=context, kv_mode=kv_mode, paired=paired,
-                                         rows_folds=not mma):
+                                         rows_folds=True, swiglu_fold=not mma):
         fraction, detail, extra_s, gap = 1.0, None, 0.0, gap_s
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         # the pre-norm rides on qkv, up and the head (fused_norm): linear_mma stages it too
@@ -408,8 +412,12 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                         ("rms" if s["mlp"] == "swiglu" else "layer") if takes_norm else None) \
             if mma and name in linear_warps and bits == 4 else None
         if call:
-            name = name.replace("linear_rows", "linear_mma")
             detail, extra_s = call["detail"], call["extra_s"]
+            if name == QKV_FOLDED:
+                # the blocks storing a head's last columns fence and count (an atomic's round
+                # trip); the warp completing it loads its row (another) and stores it
+                extra_s += 2 * LATENCY_S
+            name = name.replace("linear_rows", "linear_mma")
             nbytes += call["partials"] + (rows - 1) * (linear_in[name.replace("linear_mma", "linear_rows")]
                                                        + linear_warps[name.replace("linear_mma", "linear_rows")]) * 4
         elif name in linear_warps:
@@ -504,8 +512,11 @@ def latency_table(sass: dict | None = None) -> str:
                     lines.append(f"| {r['kernel']} | {d['splits']} | {d['in_flight']:,.0f} | {d['latency']:.0%} | "
                                  f"{d['issue']:.0%} | {r['fraction']:.0%} | {r['us']:.2f} | "
                                  f"{r['us'] * r['calls']:.1f} |")
-            lines += ["", f"Step {mma_total:.0f} us ({1e6 / mma_total:,.0f} tok/s); over 16 rows "
-                      f"{mma_verify:,.0f} us, {mma_verify / mma_total:.2f}x the 1-row step.", ""]
+            mma_pdl = sum(r["us"] * r["calls"] for r in latency_rows(shape, sass, mma=True, gap_s=PDL_GAP_S))
+            lines += ["", f"Step {mma_total:.0f} us ({1e6 / mma_total:,.0f} tok/s), {launches(mma_rows)} launches; "
+                      f"over 16 rows {mma_verify:,.0f} us, {mma_verify / mma_total:.2f}x the 1-row step. With "
+                      f"`TINYLOOP_CUDA_PDL=1` too (the same {PDL_GAP_S * 1e6:.1f} us assumption): a step "
+                      f"{mma_pdl:.0f} us ({1e6 / mma_pdl:,.0f} tok/s).", ""]
         lines += ["16 requests decoding together (a batch graph: each at its own "
                   f"{CONTEXT}-token cache, attention reading each one's keys and values):", ""]
         for label, mma in (("default", False), ("`TINYLOOP_CUDA_MMA_ROWS=1`", True)):
@@ -558,9 +569,9 @@ def tables() -> str:
     lines = [f"Decode step, batch 1, fp16 KV cache at {CONTEXT} tokens of context; memory time at 4.8 TB/s. "
              "Each norm rides on the linear after it (qkv, up, head: the rows kernels stage norm(h), and "
              "with `TINYLOOP_CUDA_MMA_ROWS=1` linear_mma does too, for calls of up to 4 rows), the KV write on "
-             "the qkv linear and a "
+             "the qkv linear (on either path) and a "
              "SwiGLU on the down projection (which stages swiglu(up)); with `TINYLOOP_CUDA_MMA_ROWS=1` "
-             "those two are launches of their own again.", ""]
+             "the SwiGLU is a launch of its own again.", ""]
     for name, shape in SHAPES.items():
         rows = step_rows(shape)
         lines += [f"**{name}**", "", "| kernel | bytes / call | us / call at 4.8 TB/s | calls / token | "

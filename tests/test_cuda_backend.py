@@ -955,3 +955,21 @@ def test_the_folded_kv_write_gives_the_unfolded_models_bits(tiny_files, preset, 
         assert np.array_equal(a, b)
     writes = [sum(v for k, v in launches.items() if k.startswith("kv_write_")) for launches in (folded_launches, apart_launches)]
     assert writes[0] == 0 and writes[1] > 0, writes
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("preset,mode,graphs", [("tiny-looped-gpt int4 g32", "fp16", False),
+                                                ("tiny-looped-gpt int4 g32", "int4-h", True)])
+def test_the_folded_kv_write_on_tensor_core_rows_gives_the_unfolded_models_bits(tiny_files, preset, mode, graphs):
+    """TINYLOOP_CUDA_MMA_ROWS with the KV write inside linear_mma's qkv call against the kv_write
+    launch after it: the same logits and cache bytes after a prefill, three decode steps (the
+    norm folded too) and a 5-row forward (the norm kernel first, the KV write still folded),
+    eager and as graphs. A folded decode step launches no kv_write, and its qkv is linear_mma's."""
+    (folded, folded_launches, folded_pool), (apart, apart_launches, apart_pool) = fold_on_and_off(
+        tiny_files, preset, "fuses_kv_write", graphs=graphs, kv_mode=mode, mma_rows=True)
+    assert same_bits(folded, apart)
+    for a, b in zip(folded_pool, apart_pool):
+        assert np.array_equal(a, b)
+    writes = [sum(v for k, v in launches.items() if k.startswith("kv_write_")) for launches in (folded_launches, apart_launches)]
+    assert writes[0] == 0 and writes[1] > 0, writes
+    assert folded_launches.get("linear_mma_int4", 0) > 0 and not folded_launches.get("linear_rows_int4"), folded_launches

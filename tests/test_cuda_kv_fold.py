@@ -11,6 +11,7 @@ import pytest
 from test_cuda_batch import shared_pool, token_tables
 from test_cuda_kv import device_kv, host_sides, rotations
 from test_cuda_linear import assert_bits_equal, twin_rows, weight_part
+from test_cuda_linear_mma import Scratch
 
 from tinyloop.backends.cuda.launch import kv as kv_launch
 from tinyloop.backends.cuda.launch import linear as launch
@@ -27,9 +28,10 @@ def qkv_parts(rng, n_q, n_kv, hd, n_in, kinds=("int4", "int4", "int4")):
     return [weight_part(kind, rng, n, n_in, group=32) for kind, n in zip(kinds, (n_q, n_kv * hd, n_kv * hd))]
 
 
-def run(device, parts, x, kv, slot, rows, rotation, fold, cap=None, tables=None, norm=None):
+def run(device, parts, x, kv, slot, rows, rotation, fold, cap=None, tables=None, norm=None, mma=False):
     """The qkv call on the device, then its KV write: folded into the linear (one launch per
-    segment) or kv_write after it. -> (host output, host pool sides, host counters)."""
+    segment) or kv_write after it; mma: with the tensor-core rows (linear_mma.cu takes the int4
+    segments). -> (host output, host pool sides, host counters)."""
     packed = pack_linear(parts, None, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     n_rows = x.shape[0]
     n_q = packed.out_features - 2 * kv.n_kv * kv.head_dim
@@ -41,13 +43,14 @@ def run(device, parts, x, kv, slot, rows, rotation, fold, cap=None, tables=None,
     norm_fold = None
     if norm is not None:
         norm_fold = launch.NormFold("rms", device.asarray(norm), None, 1e-5)
+    path = Scratch(device).path() if mma else None
     if fold:
         kv_fold = kv_launch.kv_fold(kv, slot, rows_dev, k_offset, v_offset, counters, rotation_dev, tables)
         launch.linear(device.module("linear"), device.asarray(x), packed, out, True, column_block_cap=cap,
-                      norm=norm_fold, kv=kv_fold)
+                      norm=norm_fold, kv=kv_fold, mma=path)
     else:
         launch.linear(device.module("linear"), device.asarray(x), packed, out, True, column_block_cap=cap,
-                      norm=norm_fold)
+                      norm=norm_fold, mma=path)
         width = kv.n_kv * kv.head_dim
         keys = out[:, k_offset:k_offset + width].reshape(n_rows, kv.n_kv, kv.head_dim)
         values = out[:, v_offset:v_offset + width].reshape(n_rows, kv.n_kv, kv.head_dim)
@@ -105,11 +108,44 @@ def test_a_folded_kv_write_gives_the_bits_of_the_linear_then_kv_write(kernel_dev
             assert np.array_equal(got[name].view(np.uint8), side[name].view(np.uint8)), name
 
 
+MMA_CASES = [  # (rows, n_q, n_kv, hd, n_in, rope) on the tensor-core rows: 3 splits of k on a block's 4
+    # warps (300 inputs), one split (64, 96, 40), two row tiles whose 4 splits the last block adds
+    # (17 rows, 600 inputs), heads of 16, 48 and 128 (the warp's whole scratch), 80 heads (a block's
+    # 64 columns span 8 heads' keys)
+    (1, 64, 2, 64, 300, True), (5, 64, 2, 64, 300, True), (16, 32, 2, 16, 64, True), (17, 64, 2, 64, 600, True),
+    (3, 48, 1, 48, 40, False), (1, 8, 80, 8, 16, True), (1, 128, 2, 128, 512, True)]
+
+
+@pytest.mark.parametrize("n_rows, n_q, n_kv, hd, n_in, rope, mode",   # each case fp16 and one mode in turn
+                         [case + (mode,) for i, case in enumerate(MMA_CASES) for mode in dict.fromkeys(["fp16", MODES[i % 5]])
+                          if mode != "int4-h" or not case[3] & (case[3] - 1)])    # int4-h: power-of-two heads
+def test_a_folded_kv_write_on_tensor_core_rows_gives_the_bits_of_the_linear_then_kv_write(
+        kernel_device, mode, n_rows, n_q, n_kv, hd, n_in, rope):
+    """linear_mma_int4 with the KV write folded in (the blocks that store a head's columns count
+    them, the one that completes a row stores it) against linear_mma then kv_write: the output,
+    the pool's bytes and the counters (left zero), bit for bit. The store's arithmetic per mode
+    is the rows kernels' fold's (kv_store.cuh, every mode above); here each case runs fp16 and
+    one mode in turn."""
+    rng = np.random.default_rng(n_rows * 100 + hd + n_q + n_in)
+    parts = qkv_parts(rng, n_q, n_kv, hd, n_in)
+    assert all(launch.mma_eligible(seg) for seg in pack_linear(parts, None, np, keep_f16=True).segments)
+    x = (rng.standard_normal((n_rows, n_in)) * 2).astype(np.float32)
+    rows = rng.permutation(128)[:n_rows]
+    rotation = rotations(rng, n_rows, hd) if rope else None
+    results = []
+    for fold in (True, False):
+        kv = device_kv(kernel_device, mode, 2, n_kv, 128, hd)
+        results.append(run(kernel_device, parts, x, kv, 1, rows, rotation, fold, mma=True))
+    assert_same_store(*results)
+
+
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("mode", ["fp16", "int4-h"])
-def test_segments_of_other_kinds_share_the_counters(kernel_device, mode):
+def test_segments_of_other_kinds_share_the_counters(kernel_device, mode, mma):
     """q, k and v as int8, f16 and int4 parts: three segments, three launches; a head's keys are
     counted in one launch and its values in the next, so the row is stored by the launch that
-    completes it. A fused norm rides along (the model's qkv call takes both)."""
+    completes it. A fused norm rides along (the model's qkv call takes both). mma: the int4
+    values on linear_mma, the rest on the rows kernels, one set of counters."""
     rng = np.random.default_rng(8)
     n_kv, hd, n_in = 2, 32, 64
     parts = qkv_parts(rng, 64, n_kv, hd, n_in, kinds=("int8", "f16", "int4"))
@@ -119,7 +155,7 @@ def test_segments_of_other_kinds_share_the_counters(kernel_device, mode):
     results = []
     for fold in (True, False):
         kv = device_kv(kernel_device, mode, 2, n_kv, 128, hd)
-        results.append(run(kernel_device, parts, x, kv, 0, [5, 64, 70], rotation, fold, norm=norm))
+        results.append(run(kernel_device, parts, x, kv, 0, [5, 64, 70], rotation, fold, norm=norm, mma=mma))
     assert_same_store(*results)
 
 
@@ -144,7 +180,7 @@ def test_a_fold_through_token_tables_stores_each_parts_rows(kernel_device, mode)
 
 
 def test_a_fold_is_refused_where_it_cannot_run(kernel_device):
-    """Only an exact rows call with a float32 output and no activation takes a fold, with its key
+    """Only an exact call with a float32 output and no activation takes a fold, with its key
     and value columns inside the output and a row per output row; the fold itself wants distinct
     key and value columns, enough counters and a head the warp's scratch holds."""
     rng = np.random.default_rng(3)
@@ -155,9 +191,9 @@ def test_a_fold_is_refused_where_it_cannot_run(kernel_device):
     counters = np.zeros(2, np.uint32)
     fold = kv_launch.kv_fold(kv, 0, rows, 16, 32, counters)
     x, out = np.ones((2, 32), np.float32), np.zeros((2, 48), np.float32)
-    cases = [(dict(exact=False), "rows kernels only"),
-             (dict(activation="gelu"), "rows kernels only"),
-             (dict(out=np.zeros((2, 48), np.float16), activation="gelu"), "rows kernels only"),
+    cases = [(dict(exact=False), "needs an exact call"),
+             (dict(activation="gelu"), "needs an exact call"),
+             (dict(out=np.zeros((2, 48), np.float16), activation="gelu"), "needs an exact call"),
              (dict(kv=kv_launch.kv_fold(kv, 0, rows, 16, 40, counters)), "value columns 40..56"),
              (dict(kv=kv_launch.kv_fold(kv, 0, np.zeros(3, np.int32), 16, 32, np.zeros(3, np.uint32))),
               "stores 3 rows")]
@@ -174,13 +210,13 @@ def test_a_fold_is_refused_where_it_cannot_run(kernel_device):
         kv_launch.kv_fold(big, 0, rows, 0, 256, counters)
 
 
-@pytest.mark.parametrize("n_rows", [1, 5, 40])
-def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_rows):
+@pytest.mark.parametrize("n_rows, mma", [(1, False), (5, False), (40, False), (1, True), (17, True)])
+def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_rows, mma):
     """The same fold launched again and again on one set of counters (what every layer of every
     step does): each launch stores the bytes the linear then kv_write store, and leaves the
     counters zero for the next. On a GPU, where blocks run at once and a missing fence would
     show as a row stored before all its columns were written, it runs 200 times at doc-407m's
-    head shape; on the harness 3 times."""
+    head shape; on the harness 3 times. mma: on the tensor-core rows."""
     on_gpu = kernel_device.name == "cuda"
     rng = np.random.default_rng(n_rows)
     n_kv, hd, n_in = (8, 128, 512) if on_gpu else (2, 32, 64)
@@ -189,7 +225,8 @@ def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_
     rows = rng.permutation(128)[:n_rows]
     rotation = rotations(rng, n_rows, hd)
     apart = run(kernel_device, parts, x, device_kv(kernel_device, "int4", 2, n_kv, 128, hd), 1, rows, rotation,
-                False)
+                False, mma=mma)
+    path = Scratch(kernel_device).path() if mma else None
     packed = pack_linear(parts, None, SimpleNamespace(asarray=kernel_device.asarray), keep_f16=True)
     kv = device_kv(kernel_device, "int4", 2, n_kv, 128, hd)
     counters = kernel_device.zeros(n_rows * n_kv, np.uint32)
@@ -201,6 +238,6 @@ def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_
                 array[...] = 0
         out = kernel_device.zeros((n_rows, packed.out_features), np.float32)
         fold = kv_launch.kv_fold(kv, 1, rows_dev, 4 * n_kv * hd, 5 * n_kv * hd, counters, rotation_dev)
-        launch.linear(kernel_device.module("linear"), x_dev, packed, out, True, kv=fold)
+        launch.linear(kernel_device.module("linear"), x_dev, packed, out, True, kv=fold, mma=path)
         assert_same_store((kernel_device.to_host(out), host_sides(kernel_device, kv),
                            kernel_device.to_host(counters)), apart)

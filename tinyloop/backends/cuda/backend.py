@@ -293,7 +293,12 @@ class CudaBackend(Backend):
         # the bulk kernels take no norm; the tensor-core rows take it for up to MMA_NORM_FOLD_MAX_ROWS
         # rows (the same bits either way: which launches compute them is a question of speed)
         if not exact or (self.mma_rows and h.shape[0] > linear.MMA_NORM_FOLD_MAX_ROWS):
-            return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu, kv)
+            if kv is None or gelu:
+                return super().norm_linear(h, norm, norm_weight, norm_bias, eps, weight, exact, gelu, kv)
+            # the norm kernel first, the KV write still inside the linear (the qkv call)
+            x = (self.rms_norm(h, norm_weight, eps, True) if norm == "rmsnorm"
+                 else self.layer_norm(h, norm_weight, norm_bias, eps, True))
+            return self.linear(x, weight, exact, kv=kv)
         return self.linear(h, weight, exact, activation="gelu" if gelu else None,
                            norm=self._norm_fold(norm, norm_weight, norm_bias, eps), kv=kv)
 
@@ -317,8 +322,8 @@ class CudaBackend(Backend):
 
     def kv_fold(self, parts, holder, rope, k_offset, v_offset):
         storage = parts[0][2]
-        if not self.fuses_kv_write or self.mma_rows or storage.head_dim > kv.KV_FOLD_MAX_HD:
-            return None                      # tensor-core rows take no fold; larger heads keep kv_write
+        if not self.fuses_kv_write or storage.head_dim > kv.KV_FOLD_MAX_HD:
+            return None                      # larger heads keep kv_write
         n_rows = max(stop for _, stop, *_ in parts)
         counters = self._kept("kv fold counters", n_rows * storage.n_kv, np.uint32, 4096, zeros=True)
         if len(parts) == 1:                                     # kv_write's arguments

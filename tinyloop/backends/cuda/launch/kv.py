@@ -20,7 +20,7 @@ KERNELS = {"fp16": "kv_write_fp16", "fp32": "kv_write_fp32", "int8": "kv_write_i
            "int4": "kv_write_int4", "int4-h": "kv_write_int4h"}
 # cuda/kv_store.cuh TL_KV_*: how a KV write folded into the qkv linear names the cache's mode
 KV_MODE_CODES = {"fp32": 1, "fp16": 2, "int8": 3, "int4": 4, "int4-h": 5}
-KV_FOLD_MAX_HD = 128         # linear.cu KV_FOLD_MAX_HD: the fold's per-warp scratch holds a row this long
+KV_FOLD_MAX_HD = 128         # kv_store.cuh KV_FOLD_MAX_HD: the fold's per-warp scratch holds a row this long
 
 
 @dataclass
@@ -183,8 +183,8 @@ def kv_write(module, kv: DeviceView, slot: int, rows_dev, keys, values, rotation
 
 @dataclass
 class KvFold:
-    """kv_write folded into the exact qkv linear that computes the keys and values (cuda/linear.cu,
-    launch/linear.py `kv=`): the call's output columns [k_offset, k_offset + n_kv hd) are the keys
+    """kv_write folded into the exact qkv linear that computes the keys and values (cuda/linear.cu's
+    rows kernels and cuda/linear_mma.cu, launch/linear.py `kv=`): the call's output columns [k_offset, k_offset + n_kv hd) are the keys
     and [v_offset, ...) the values, stored at physical rows `rows` (T,) int32 through `blocks`
     (a slot's table row, or with `table_offsets` several caches' rows: TokenTables), rotated by
     `rotation` (RoPE rows, or None) as kv_write would: the same bits, one launch fewer.

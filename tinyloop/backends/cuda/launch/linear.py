@@ -162,9 +162,9 @@ def linear(module, x, packed: PackedLinear, out, exact: bool, tc_module=None, re
     inputs once for all of them. It changes no bit: which warp sums a column never does.
     norm: a NormFold (exact calls; x float32, the residual stream, or with kind "swiglu", on
     the rows kernels only, the up projection's (T, 2 in) output).
-    kv: a KvFold (exact calls on the rows kernels only, a float32 out, no activation): the KV
-    write of the keys and values among out's columns, done by the warps that finish them (the
-    bits of kv.kv_write after this call, one launch fewer)."""
+    kv: a KvFold (exact calls, a float32 out, no activation; the rows kernels and the tensor-core
+    rows alike): the KV write of the keys and values among out's columns, done by the warps that
+    finish them (the bits of kv.kv_write after this call, one launch fewer)."""
     for launch in _checked_launches(module, x, packed, out, exact, tc_module, residual, activation, mma,
                                     column_block_cap, norm, kv):
         launch.run()
@@ -201,7 +201,7 @@ def _checked_launches(module, x, packed, out, exact, tc_module, residual, activa
     if out.ndim != 2 or out.shape != (n_rows, packed.out_features):
         raise ValueError(f"out must have shape ({n_rows}, {packed.out_features}), got {out.shape}")
     if kv is not None:
-        _check_kv_fold(kv, exact, mma, activation, out)
+        _check_kv_fold(kv, exact, activation, out)
     x_half = x.dtype == np.float16
     y_half = activation is not None and out.dtype == np.float16      # an activation's output may be half
     x_stride = _row_stride(x, "x", np.float16 if x_half else np.float32)
@@ -370,10 +370,9 @@ def _no_kv_fold_args(any_pointer) -> tuple:
             any_pointer, np.int32(0), np.int32(0), np.int32(0), any_pointer)
 
 
-def _check_kv_fold(kv: KvFold, exact: bool, mma, activation, out) -> None:
-    if not exact or mma is not None or activation is not None or out.dtype != np.float32:
-        raise ValueError("a folded KV write runs on the rows kernels only: an exact call, no tensor-core "
-                         "rows, no activation, a float32 out")
+def _check_kv_fold(kv: KvFold, exact: bool, activation, out) -> None:
+    if not exact or activation is not None or out.dtype != np.float32:
+        raise ValueError("a folded KV write needs an exact call, no activation and a float32 out")
     span = kv.kv.n_kv * kv.kv.head_dim
     for name, offset in (("key", kv.k_offset), ("value", kv.v_offset)):
         if offset + span > out.shape[1]:
