@@ -278,6 +278,7 @@ __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* p
                                                    NormStats* st) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int col_block = blockIdx.x, tile = blockIdx.z;
+    if (parts != 1 && parts != 2 && parts != 4) __trap();       // the staging's shifts take these
     // the block's warps: MMA_WARPS / parts column groups of 16, each `parts` splits of k
     const int part = warp % parts, col_group = warp / parts;
     const int block_cols = MMA_BLOCK_COLS / parts;

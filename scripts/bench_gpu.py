@@ -167,14 +167,29 @@ class TimedModule:
         self.module, self.marks, self.cp = module, marks, cp
 
     def get_function(self, name: str):
-        function = self.module.get_function(name)
+        return TimedFunction(self.module.get_function(name), name, self.marks, self.cp)
 
-        def launch(grid, block, args, shared_mem=0, **kwargs):
-            function(grid, block, args, shared_mem=shared_mem, **kwargs)
-            event = self.cp.cuda.Event()
-            event.record()
-            self.marks.append((name, tuple(grid), event))
-        return launch
+
+class TimedFunction:
+    """A kernel that records an event after each launch; its shared memory opt-in
+    (launch/memory.py allow_shared) goes to the kernel underneath."""
+
+    def __init__(self, function, name: str, marks: list, cp):
+        self.function, self.name, self.marks, self.cp = function, name, marks, cp
+
+    def __call__(self, grid, block, args, shared_mem=0, **kwargs):
+        self.function(grid, block, args, shared_mem=shared_mem, **kwargs)
+        event = self.cp.cuda.Event()
+        event.record()
+        self.marks.append((self.name, tuple(grid), event))
+
+    @property
+    def max_dynamic_shared_size_bytes(self):
+        return self.function.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        self.function.max_dynamic_shared_size_bytes = value
 
 
 def kernel_rows(first, marks, elapsed_ms) -> list[dict]:

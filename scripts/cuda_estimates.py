@@ -245,9 +245,11 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     two batches in flight, chunks x 2 x (16 + 2 + 2) bytes a lane in all. Its instructions are
     the batch loop's body in cuda/SASS.md (one batch of 4 chunks with one pass of the staging
     loop, one row of an item), scaled to the split's chunks, and the staging passes of the call's
-    rows (16 items of 8 columns a chunk and a row, over 128 threads). With several splits the
-    partials are written and read back and the last block's reduction adds its tail: the
-    counter's round trip, then one per split (from L2).
+    rows (16 items of 8 columns a chunk and a row, over 128 threads) for each of the block's
+    parts (launch/linear.py mma_parts: the splits a block's warps take, at an H200's shared
+    memory). Splits a block holds all add in shared memory (no round trip); splits across
+    blocks (past 16 rows) write their partials, read back, and the last block's sum adds its
+    tail: the counter's round trip, then one per split (from L2).
     norm ("rms" or "layer": the pre-norm folded in): the batch loop and staging pass of the
     normed path (tagged linear-mma-norm), and the statistics before the first batch: each warp
     takes every fourth row of the tile, a round trip (from L2) per pass over the row (one for

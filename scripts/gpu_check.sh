@@ -68,7 +68,8 @@ or (test_splits_of_several_batches and 1-150-1280-17) or (test_one_kv_write_for_
 or (test_one_attention_launch_for_several and 70-int4-h) or (test_a_folded_kv_write and 5-64-2-64-300-None-True-int4-h) \
 or (test_the_pair_gives_the_bits_of_the_two_launches and rms-False-False-1-256-192-300-None) \
 or (test_a_folded_norm_gives_the_bits_of_the_norm_launch_then_linear_mma and False-layer-True-3-2200-32) \
-or (test_a_blocks_parts_change_no_bit and 70-640-1)"
+or (test_a_blocks_parts_change_no_bit and 70-640-1) \
+or (test_a_folded_kv_write_on_tensor_core_rows and 17-64-2-64-600-True-int4-h)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '
         command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer: not on this machine"; exit 3; }

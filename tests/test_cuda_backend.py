@@ -155,12 +155,27 @@ class LaunchCounter:
         self.module, self.counts = module, counts
 
     def get_function(self, name):
-        function = self.module.get_function(name)
+        return CountedFunction(self.module.get_function(name), name, self.counts)
 
-        def launch(*args, **kwargs):
-            self.counts[name] = self.counts.get(name, 0) + 1
-            return function(*args, **kwargs)
-        return launch
+
+class CountedFunction:
+    """A kernel that counts its launches; its shared memory opt-in (launch/memory.py
+    allow_shared) goes to the kernel underneath."""
+
+    def __init__(self, function, name, counts):
+        self.function, self.name, self.counts = function, name, counts
+
+    def __call__(self, *args, **kwargs):
+        self.counts[self.name] = self.counts.get(self.name, 0) + 1
+        return self.function(*args, **kwargs)
+
+    @property
+    def max_dynamic_shared_size_bytes(self):
+        return self.function.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        self.function.max_dynamic_shared_size_bytes = value
 
 
 def mma_rows_model(path, mode="fp16", order="id"):

@@ -109,15 +109,15 @@ def test_a_folded_kv_write_gives_the_bits_of_the_linear_then_kv_write(kernel_dev
 
 
 MMA_CASES = [  # (rows, n_q, n_kv, hd, n_in, rope) on the tensor-core rows: 3 splits of k on a block's 4
-    # warps (300 inputs), one split (64, 96, 40), two row tiles whose 4 splits the last block adds
-    # (17 rows, 600 inputs), heads of 16, 48 and 128 (the warp's whole scratch), 80 heads (a block's
-    # 64 columns span 8 heads' keys)
+    # warps (300 inputs), one split (64, 40, 16 inputs), two row tiles whose 3 splits the last block
+    # adds (17 rows, 600 inputs), 4 splits (512), heads of 8, 16, 48 and 128 (the warp's whole
+    # scratch), 80 heads (a block's 64 columns span 8 heads' keys)
     (1, 64, 2, 64, 300, True), (5, 64, 2, 64, 300, True), (16, 32, 2, 16, 64, True), (17, 64, 2, 64, 600, True),
     (3, 48, 1, 48, 40, False), (1, 8, 80, 8, 16, True), (1, 128, 2, 128, 512, True)]
 
 
 @pytest.mark.parametrize("n_rows, n_q, n_kv, hd, n_in, rope, mode",   # each case fp16 and one mode in turn
-                         [case + (mode,) for i, case in enumerate(MMA_CASES) for mode in dict.fromkeys(["fp16", MODES[i % 5]])
+                         [case + (mode,) for i, case in enumerate(MMA_CASES) for mode in dict.fromkeys(["fp16", MODES[(i + 1) % 5]])
                           if mode != "int4-h" or not case[3] & (case[3] - 1)])    # int4-h: power-of-two heads
 def test_a_folded_kv_write_on_tensor_core_rows_gives_the_bits_of_the_linear_then_kv_write(
         kernel_device, mode, n_rows, n_q, n_kv, hd, n_in, rope):
@@ -125,7 +125,7 @@ def test_a_folded_kv_write_on_tensor_core_rows_gives_the_bits_of_the_linear_then
     them, the one that completes a row stores it) against linear_mma then kv_write: the output,
     the pool's bytes and the counters (left zero), bit for bit. The store's arithmetic per mode
     is the rows kernels' fold's (kv_store.cuh, every mode above); here each case runs fp16 and
-    one mode in turn."""
+    one mode in turn (int4-h on the 17-row case)."""
     rng = np.random.default_rng(n_rows * 100 + hd + n_q + n_in)
     parts = qkv_parts(rng, n_q, n_kv, hd, n_in)
     assert all(launch.mma_eligible(seg) for seg in pack_linear(parts, None, np, keep_f16=True).segments)
@@ -219,7 +219,12 @@ def test_repeated_folds_leave_the_same_bytes_and_zero_counters(kernel_device, n_
     head shape; on the harness 3 times. mma: on the tensor-core rows."""
     on_gpu = kernel_device.name == "cuda"
     rng = np.random.default_rng(n_rows)
-    n_kv, hd, n_in = (8, 128, 512) if on_gpu else (2, 32, 64)
+    # on the tensor-core rows a narrow qkv, split in k: 3 splits on one block's parts (1 row),
+    # added by the last block (17 rows)
+    if mma:
+        n_kv, hd, n_in = (2, 128, 2048) if on_gpu else (2, 32, 640)
+    else:
+        n_kv, hd, n_in = (8, 128, 512) if on_gpu else (2, 32, 64)
     parts = qkv_parts(rng, 4 * n_kv * hd, n_kv, hd, n_in)
     x = rng.standard_normal((n_rows, n_in)).astype(np.float32)
     rows = rng.permutation(128)[:n_rows]

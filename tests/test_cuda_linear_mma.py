@@ -1,7 +1,9 @@
 """cuda/linear_mma.cu (the exact path's linear on tensor cores, 1-16 rows a tile) against its
 twin bit for bit on the harness, against float64 within the half-rounding tolerance anywhere,
 and row invariance, run through the `kernel_device` fixture (the CPU harness, or a GPU)."""
+import re
 import struct
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -34,13 +36,14 @@ class Scratch:
         assert n <= self.counter_array.size
         return self.counter_array[:n]
 
-    def path(self):
-        return launch.MmaPath(self.device.module("linear_mma"), self.scratch, self.counters)
+    def path(self, shared_limit=None):
+        return launch.MmaPath(self.device.module("linear_mma"), self.scratch, self.counters, shared_limit)
 
 
 def run_mma(device, parts, bias, x, residual=None, activation=None, out_dtype=np.float32, x_pad=(0, 0),
-            scratch=None):
-    """The launcher with an MmaPath on the device; x a view inside a wider buffer. -> host out."""
+            scratch=None, shared_limit=None):
+    """The launcher with an MmaPath on the device (shared_limit: the path's); x a view inside a
+    wider buffer. -> host out."""
     packed = pack_linear(parts, bias, SimpleNamespace(asarray=device.asarray), keep_f16=True)
     rows, n_in = x.shape
     wide = np.full((rows, x_pad[0] + n_in + x_pad[1]), np.nan, x.dtype)        # NaN: a stray read shows
@@ -49,7 +52,8 @@ def run_mma(device, parts, bias, x, residual=None, activation=None, out_dtype=np
     out = device.empty((rows, packed.out_features), out_dtype)
     scratch = scratch or Scratch(device)
     launch.linear(device.module("linear"), x_dev, packed, out, True, None,
-                  None if residual is None else device.asarray(residual), activation, mma=scratch.path())
+                  None if residual is None else device.asarray(residual), activation,
+                  mma=scratch.path(shared_limit))
     return device.to_host(out)
 
 
@@ -66,11 +70,12 @@ def on_gpu(device) -> bool:
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 33])
 @pytest.mark.parametrize("n_in,group", [(576, 32), (100, 32), (1024, 64), (640, 128)])
 def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group):
-    """150 columns (a partial column block: 3 column blocks, so k splits a chunk a split),
-    576 inputs (five splits, the last half empty), 100 (one split: the epilogue without
-    partials, padded columns), 1024 with groups of 64 and 640 with groups of 128 (a group
-    spanning a lane's 32 columns and more); 1 to 33 rows (one, two and three row tiles); x a
-    view; a bias. On a GPU the tensor cores add their own way: within a tolerance there."""
+    """150 columns (a partial column block: 3 column blocks, so k splits, at most 4 ways), 576
+    inputs (3 splits of 2 chunks, the last half empty), 100 (one split: the epilogue without a
+    sum, padded columns), 1024 with groups of 64 (4 splits) and 640 with groups of 128 (3; a
+    group spanning a lane's 32 columns and more); 1 to 33 rows (one, two and three row tiles:
+    past one tile the last block adds the splits); x a view; a bias. On a GPU the tensor cores
+    add their own way: within a tolerance there."""
     rng = np.random.default_rng(rows * 1000 + n_in)
     parts = [int4_part(rng, 150, n_in, group)]
     bias = rng.standard_normal(150).astype(np.float32)
@@ -102,25 +107,106 @@ def test_the_splits_are_a_function_of_the_weight_alone():
     assert [launch.mma_parts(3, rows) for rows in (16, 17)] == [4, 1]
 
 
+def launched_parts(monkeypatch) -> list:
+    """The parts of each linear_mma launch from now on, read back from its shared memory."""
+    parts, run = [], launch._Launch.run
+
+    def recording(self):
+        if self.name == "linear_mma_int4":
+            parts.append(self.shared // (2 * launch.MMA_XS_PART_BYTES))
+        run(self)
+    monkeypatch.setattr(launch._Launch, "run", recording)
+    return parts
+
+
 @pytest.mark.parametrize("n_out,n_in,rows", [(70, 640, 1), (150, 1280, 5), (64, 1280, 16), (150, 576, 17)])
 def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, rows):
     """The same splits added by a block's warps in shared memory (2 or 4 parts: 3 splits on 4
     parts leaves a warp idle) or by the last block from the partials (1 part): the same bits,
-    and the twin's, with 1 to 17 rows."""
+    and the twin's, with 1 to 17 rows; each forced count reaches the launch (its shared memory)."""
     rng = np.random.default_rng(n_in * 3 + rows)
     parts = [int4_part(rng, n_out, n_in)]
     bias = rng.standard_normal(n_out).astype(np.float32)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     split_k = launch.mma_split_k(n_in, n_out)
     assert -(-n_in // split_k) in (3, 4)
-    runs = {}
+    runs, launched = {}, launched_parts(monkeypatch)
     for forced in (1, 2, 4):
-        monkeypatch.setattr(launch, "mma_parts", lambda splits, n_rows, forced=forced: forced)
+        monkeypatch.setattr(launch, "mma_parts", lambda splits, n_rows, limit, forced=forced: forced)
         runs[forced] = run_mma(kernel_device, parts, bias, x, x_pad=(1, 2))
+    assert launched == [1, 2, 4]
     assert_bits_equal(runs[2], runs[1])
     assert_bits_equal(runs[4], runs[1])
     if not on_gpu(kernel_device):
         assert_bits_equal(runs[1], twin.linear_mma(x, pack_linear(parts, bias, np)))
+
+
+def test_a_device_of_less_shared_memory_takes_fewer_parts(kernel_device, monkeypatch):
+    """4 parts want 129 KiB of shared memory a block: a device allowing 99 KiB (sm_86, sm_89)
+    gets 2, one under 65 KiB 1, with the same bits; and the kernel's staging buffers are the
+    size the launcher asks for (its #defines, read from the source)."""
+    assert [launch.mma_parts(4, 1, limit) for limit in (227 << 10, 163 << 10, 99 << 10, 48 << 10, None)] == \
+        [4, 4, 2, 1, 4]
+    assert [launch.mma_parts(2, 1, limit) for limit in (99 << 10, 48 << 10)] == [2, 1]
+    four = launch.mma_shared_bytes(4)                      # the static shared memory counts too
+    assert [launch.mma_parts(4, 1, four + extra) for extra in (0, launch.MMA_STATIC_SHARED)] == [2, 4]
+    rng = np.random.default_rng(4)
+    parts = [int4_part(rng, 64, 1280)]
+    x = rng.standard_normal((2, 1280)).astype(np.float32)
+    launched = launched_parts(monkeypatch)
+    runs = [run_mma(kernel_device, parts, None, x, shared_limit=limit) for limit in (None, 99 << 10, 48 << 10)]
+    assert launched == [4, 2, 1]
+    assert_bits_equal(runs[1], runs[0])
+    assert_bits_equal(runs[2], runs[0])
+    source = (Path(__file__).resolve().parent.parent / "cuda" / "linear_mma.cu").read_text()
+    defines = dict(re.findall(r"^#define (MMA_\w+) (.+?)(?:\s*//.*)?$", source, re.M))
+    def value(name):
+        expression = re.sub(r"MMA_\w+", lambda m: str(value(m.group(0))), defines[name])
+        return eval(expression, {"__builtins__": {}})          # integer arithmetic on the kernel's constants
+    assert value("MMA_XS_WORDS") * 4 == launch.MMA_XS_PART_BYTES
+    assert (value("MMA_THREADS"), value("MMA_BLOCK_COLS"), value("MMA_CHUNK"), value("MMA_MAX_CHUNKS"),
+            value("MMA_TILE_ROWS"), value("MMA_WARPS")) == (launch.MMA_THREADS, launch.MMA_BLOCK_COLS,
+                                                            launch.MMA_CHUNK, launch.MMA_MAX_CHUNKS,
+                                                            launch.MMA_TILE_ROWS, launch.MMA_MAX_PARTS)
+
+
+def test_parts_other_than_one_two_or_four_trap(kernel_device, monkeypatch):
+    """The kernel's staging indexes a block's parts by shifts: a launch with 3 parts traps rather
+    than stage the wrong columns (on a GPU a trap leaves the context unusable: the harness shows it)."""
+    if on_gpu(kernel_device):
+        return
+    rng = np.random.default_rng(2)
+    monkeypatch.setattr(launch, "mma_parts", lambda splits, n_rows, limit: 3)
+    monkeypatch.setattr(launch, "MMA_BLOCK_COLS", 63)             # 21 columns a block: the grid still covers
+    with pytest.raises(Exception, match="trap"):
+        run_mma(kernel_device, [int4_part(rng, 64, 640)], None, rng.standard_normal((1, 640)).astype(np.float32))
+
+
+def test_a_refused_opt_in_launches_nothing(kernel_device):
+    """The shared memory over 48 KiB is opted in for every launch of a call before the first
+    runs: a function that cannot opt in (here one hiding the attribute) fails the call with
+    nothing launched (a qkv whose rows segment had run would leave the KV fold's counters
+    counted), and names the kernel."""
+    rng = np.random.default_rng(6)
+    parts = [weight_part("int8", rng, 16, 1280), int4_part(rng, 64, 1280)]     # rows, then linear_mma
+    packed = pack_linear(parts, None, SimpleNamespace(asarray=kernel_device.asarray), keep_f16=True)
+    launched = []
+
+    class Hiding:                  # a module whose functions run but expose no opt-in
+        def __init__(self, module):
+            self.module = module
+
+        def get_function(self, name):
+            function = self.module.get_function(name)
+            return lambda *args, **kwargs: launched.append(name) or function(*args, **kwargs)
+
+    out = kernel_device.empty((2, packed.out_features), np.float32)
+    path = launch.MmaPath(Hiding(kernel_device.module("linear_mma")), Scratch(kernel_device).scratch,
+                          Scratch(kernel_device).counters)
+    x = kernel_device.asarray(rng.standard_normal((2, 1280)).astype(np.float32))
+    with pytest.raises(TypeError, match="linear_mma_int4 needs 132096 bytes"):
+        launch.linear(Hiding(kernel_device.module("linear")), x, packed, out, True, mma=path)
+    assert launched == []
 
 
 @pytest.mark.parametrize("target,n_out,n_in,rows", [(1, 150, 1280, 17), (1, 70, 1000, 3), (2, 64, 1280, 1)])

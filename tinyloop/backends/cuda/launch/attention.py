@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tinyloop.backends.cuda.launch.kv import DeviceView, TokenTables, check_rotation
-from tinyloop.backends.cuda.launch.memory import allow_shared
+from tinyloop.backends.cuda.launch.memory import allow_shared, device_shared_limit
 from tinyloop.limits import ATTENTION_BLOCK
 
 ATT_THREADS = 128            # one block per (queries, kv head, chunk): 4 warps
@@ -37,22 +37,6 @@ def shared_bytes(group: int, head_dim: int, queries: int = 1, tiles: int = 2) ->
     and skip (G each), and 5 ints; 2 ints."""
     per_query = 2 * group * head_dim + (ATTENTION_BLOCK + 4) * group + 5
     return 4 * (tiles * ATTENTION_BLOCK * (head_dim | 1) + queries * per_query + 2)
-
-
-_SHARED_LIMITS: dict = {}      # device id -> its opt-in limit (asked once: a call per layer would cost)
-
-
-def device_shared_limit(out) -> int:
-    """The most dynamic shared memory a block may opt in to on out's device (sm_80 163 KiB,
-    sm_86/89 99 KiB, sm_90 227 KiB); the CPU harness allows 227 KiB, as its functions do."""
-    if isinstance(out, np.ndarray):
-        return 227 * 1024
-    import cupy
-    device = cupy.cuda.Device()
-    if device.id not in _SHARED_LIMITS:
-        # cudaDevAttrMaxSharedMemoryPerBlockOptin (97)
-        _SHARED_LIMITS[device.id] = int(cupy.cuda.runtime.deviceGetAttribute(97, device.id))
-    return _SHARED_LIMITS[device.id]
 
 
 def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int,

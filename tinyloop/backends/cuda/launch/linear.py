@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from tinyloop.backends.cuda.launch.kv import KvFold
-from tinyloop.backends.cuda.launch.memory import allow_shared, may_overlap
+from tinyloop.backends.cuda.launch.memory import allow_shared, device_shared_limit, may_overlap
 from tinyloop.backends.cuda.launch.packing import COLUMNS_PER_WORD, PackedLinear
 
 ROWS_WARPS = 8                 # output columns per block (one warp each): LIN_WARPS in linear.cu
@@ -57,6 +57,7 @@ MMA_MAX_PARTS = 4              # splits a block's warps take at most (MMA_WARPS)
 MMA_PARTS_MAX_ROWS = 16        # more rows (several row tiles, so more blocks): one split a block,
                                # the partials added by the last block, the staging shared by 4 warps
 MMA_XS_PART_BYTES = 8 * (MMA_MAX_CHUNKS * 16 * 8 + 4) * 4   # MMA_XS_WORDS: one part's staged batch
+MMA_STATIC_SHARED = 256        # the kernel's static shared memory (144 B, cuda/RESOURCES.md), rounded up
 MMA_NORM_FOLD_MAX_ROWS = 4     # the most rows a call on linear_mma folds the pre-norm into (the
                                # backend runs the norm kernel first for more): past 4 a warp sums a
                                # second row's statistics and the normed staging costs more than the
@@ -94,10 +95,13 @@ class NormFold:
 class MmaPath:
     """What an exact call needs to run linear_mma_int4: its module, `scratch(n)` -> n float32
     (the split partials; the backend keeps one growing buffer) and `counters(n)` -> n uint32
-    zeros that every launch leaves zero."""
+    zeros that every launch leaves zero. shared_limit: the shared memory a block may opt in to,
+    which bounds the parts a block takes; None: the device's (memory.device_shared_limit: 227
+    KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 and sm_89)."""
     module: object
     scratch: Callable[[int], object]
     counters: Callable[[int], object]
+    shared_limit: int | None = None
 
 
 def mma_eligible(seg) -> bool:
@@ -119,14 +123,19 @@ def mma_split_k(stored_columns: int, n_out: int) -> int:
     return _blocks(chunks, splits) * MMA_CHUNK
 
 
-def mma_parts(splits: int, n_rows: int) -> int:
+def mma_parts(splits: int, n_rows: int, shared_limit: int | None = None) -> int:
     """The splits a block's warps take (the kernel's `parts`): all of a weight's splits (up to
     MMA_MAX_PARTS; 3 splits take 4 parts, one warp idle), added in shared memory, or one a block
-    (splits of partials a round trip apart) for calls of many rows. Whichever it is, the same
-    additions in the same order: the bits do not depend on it, so it may depend on the rows."""
+    (splits of partials a round trip apart) for calls of many rows, and as many as the device's
+    shared memory a block holds (shared_limit: 4 parts want 129 KiB, 2 parts 65 KiB). Whichever
+    it is, the same additions in the same order: the bits do not depend on it, so it may depend
+    on the rows and the device."""
     if splits == 1 or n_rows > MMA_PARTS_MAX_ROWS:
         return 1
-    return 2 if splits == 2 else MMA_MAX_PARTS
+    parts = 2 if splits == 2 else MMA_MAX_PARTS
+    while parts > 1 and shared_limit is not None and mma_shared_bytes(parts) + MMA_STATIC_SHARED > shared_limit:
+        parts //= 2
+    return parts
 
 
 def mma_shared_bytes(parts: int) -> int:
@@ -215,8 +224,11 @@ def _checked_launches(module, x, packed, out, exact, tc_module, residual, activa
             raise ValueError("residual and out must not overlap (each output is written as it is summed)")
     if n_rows == 0:
         return []
-    return _launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap,
-                     norm, kv, x_half, y_half, x_stride, y_stride, residual_stride)
+    launches = _launches(module, x, packed, out, exact, tc_module, residual, activation, mma, column_block_cap,
+                         norm, kv, x_half, y_half, x_stride, y_stride, residual_stride)
+    for launch in launches:     # a device that refuses a launch's shared memory: refused before any runs
+        launch.opt_in()
+    return launches
 
 
 @dataclass
@@ -227,12 +239,15 @@ class _Launch:
     block: tuple
     args: tuple
     rows_kernel: str = ""          # the segment's rows kernel kind ("int4"...), "" on another path
-    shared: int = 0                # dynamic shared memory, bytes
+    shared: int = 0                # dynamic shared memory, bytes (over 48 KiB: opted in by opt_in)
+
+    def opt_in(self) -> None:
+        if self.shared:
+            allow_shared(self.module.get_function(self.name), self.shared, self.name)
 
     def run(self) -> None:
         function = self.module.get_function(self.name)
         if self.shared:
-            allow_shared(function, self.shared, self.name)
             function(self.grid, self.block, self.args, shared_mem=self.shared)
         else:
             function(self.grid, self.block, self.args)
@@ -255,7 +270,8 @@ def _launches(module, x, packed, out, exact, tc_module, residual, activation, mm
         if on_mma:
             split_k = mma_split_k(seg.words_per_row * 8, seg.out_features)
             splits = _blocks(seg.words_per_row * 8, split_k)
-            parts = mma_parts(splits, n_rows)
+            parts = mma_parts(splits, n_rows,
+                              device_shared_limit(out) if mma.shared_limit is None else mma.shared_limit)
             grid = (_blocks(seg.out_features, MMA_BLOCK_COLS // parts), _blocks(splits, parts),
                     _blocks(n_rows, MMA_TILE_ROWS))
             block, rows_per_block = (MMA_THREADS,), n_rows

@@ -8,6 +8,8 @@ harness refuses exactly what a GPU refuses (np.shares_memory would be exact on t
 harness and so more lenient than the GPU's bounds)."""
 from __future__ import annotations
 
+import numpy as np
+
 
 def _first_byte(array) -> int:
     data = array.data
@@ -36,11 +38,15 @@ DEFAULT_SHARED_LIMIT = 48 * 1024   # dynamic shared memory a kernel gets without
 
 def allow_shared(function, nbytes: int, kernel: str) -> None:
     """Over 48 KiB a kernel must opt in (CUDA's MAX_DYNAMIC_SHARED_SIZE_BYTES; sm_80 allows up
-    to 163 KiB, sm_90 227 KiB): CuPy's Function exposes it as a settable attribute. The CPU
-    harness's functions have no such attribute and need none. A device that refuses the size
-    is an error here, naming the sizes, not a failed launch later."""
-    if nbytes <= DEFAULT_SHARED_LIMIT or not hasattr(function, "max_dynamic_shared_size_bytes"):
+    to 163 KiB, sm_90 227 KiB): CuPy's Function exposes it as a settable attribute, as do the
+    CPU harness's functions (which enforce it) and dependent_launch's. A device that refuses the
+    size is an error here, naming the sizes, not a failed launch later; so is a function that
+    does not expose the attribute (a wrapper that hides it would fail only at launch)."""
+    if nbytes <= DEFAULT_SHARED_LIMIT:
         return
+    if not hasattr(function, "max_dynamic_shared_size_bytes"):
+        raise TypeError(f"{kernel} needs {nbytes} bytes of shared memory per block, and its function "
+                        f"({type(function).__name__}) has no max_dynamic_shared_size_bytes to opt in with")
     if function.max_dynamic_shared_size_bytes >= nbytes:
         return
     try:
@@ -51,3 +57,19 @@ def allow_shared(function, nbytes: int, kernel: str) -> None:
     if function.max_dynamic_shared_size_bytes < nbytes:
         raise RuntimeError(f"{kernel} needs {nbytes} bytes of shared memory per block; the device "
                            f"allows {function.max_dynamic_shared_size_bytes}")
+
+
+_SHARED_LIMITS: dict = {}      # device id -> its opt-in limit (asked once: a call per layer would cost)
+
+
+def device_shared_limit(out) -> int:
+    """The most dynamic shared memory a block may opt in to on out's device (sm_80 163 KiB,
+    sm_86/89 99 KiB, sm_90 227 KiB); the CPU harness allows 227 KiB, as its functions do."""
+    if isinstance(out, np.ndarray):
+        return 227 * 1024
+    import cupy
+    device = cupy.cuda.Device()
+    if device.id not in _SHARED_LIMITS:
+        # cudaDevAttrMaxSharedMemoryPerBlockOptin (97)
+        _SHARED_LIMITS[device.id] = int(cupy.cuda.runtime.deviceGetAttribute(97, device.id))
+    return _SHARED_LIMITS[device.id]
