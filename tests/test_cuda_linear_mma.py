@@ -204,7 +204,7 @@ def test_a_refused_opt_in_launches_nothing(kernel_device):
     path = launch.MmaPath(Hiding(kernel_device.module("linear_mma")), Scratch(kernel_device).scratch,
                           Scratch(kernel_device).counters)
     x = kernel_device.asarray(rng.standard_normal((2, 1280)).astype(np.float32))
-    with pytest.raises(TypeError, match="linear_mma_int4 needs 132096 bytes"):
+    with pytest.raises(TypeError, match="linear_mma_int4 needs [0-9]+ bytes"):
         launch.linear(Hiding(kernel_device.module("linear")), x, packed, out, True, mma=path)
     assert launched == []
 
