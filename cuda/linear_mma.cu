@@ -271,6 +271,22 @@ __device__ __forceinline__ void mma_batch_products(const MmaBatch& b, int chunks
     }
 }
 
+// The block's outputs (rows row0 .., columns col0 .. + block_cols) as the sums of the weight's
+// splits in increasing order, split_value(s, r, cc) giving split s's (from shared memory where the
+// block's warps hold them all, or from the partials other blocks wrote), then the epilogue. One
+// loop for both: the same floats added in the same order, so the parts change no bit.
+template <class SplitValue>
+__device__ __forceinline__ void mma_store_split_sums(const LinearArgs& a, int row0, int rows, int col0,
+                                                     int block_cols, int n_splits, SplitValue split_value) {
+    for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
+        const int r = i / block_cols, cc = i - r * block_cols, o = col0 + cc;
+        if (o >= a.n_out) continue;
+        float sum = split_value(0, r, cc);
+        for (int s = 1; s < n_splits; s++) sum = tl_add(sum, split_value(s, r, cc));
+        store_output(a, row0 + r, o, sum);
+    }
+}
+
 // -> whether this block stored outputs (a block of several splits' last to finish, or every block)
 template <class X, bool NORM>
 __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* partials, unsigned int* counters,
@@ -338,7 +354,7 @@ __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* p
         if (batch + 1 < batches) current = next;
     }
 
-    // 4. this lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile, of its split. One
+    // This lane's outputs: rows g, g+8; columns 2c, 2c+1 of each n8 tile, of its split. One
     // split: the epilogue; the block's splits all: into shared memory (xs, once every warp is
     // past its last products), for the block's ordered sum; more: the split's partials, (splits,
     // n_rows, n_out) floats, for the last block's
@@ -362,15 +378,9 @@ __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* p
     }
     if (n_splits == 1) return true;
     if (in_block) {
-        // the splits in increasing order, as the last block adds them below (the same bits)
         __syncthreads();
-        for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
-            const int r = i / block_cols, cc = i - r * block_cols, o = col0 + cc;
-            if (o >= n_cols) continue;
-            float sum = block_sums[r * block_cols + cc];
-            for (int s = 1; s < n_splits; s++) sum = tl_add(sum, block_sums[(s * rows + r) * block_cols + cc]);
-            store_output(a, row0 + r, o, sum);
-        }
+        mma_store_split_sums(a, row0, rows, col0, block_cols, n_splits,
+                             [&](int s, int r, int cc) { return block_sums[(s * rows + r) * block_cols + cc]; });
         return true;
     }
     // The last block of this column block and row tile to finish adds the splits in order. Each
@@ -387,27 +397,20 @@ __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* p
     __syncthreads();
     if (!*last_flag) return false;                                // uniform over the block
     __threadfence();
-    for (int i = threadIdx.x; i < rows * block_cols; i += MMA_THREADS) {
-        const int r = i / block_cols, o = col0 + i % block_cols;
-        if (o >= n_cols) continue;
-        const float* p = partials + (long long)(row0 + r) * n_cols + o;
-        float sum = tl_load_from_other_blocks(p);
-        for (int s = 1; s < n_splits; s++)
-            sum = tl_add(sum, tl_load_from_other_blocks(p + (long long)s * a.n_rows * n_cols));
-        store_output(a, row0 + r, o, sum);
-    }
+    mma_store_split_sums(a, row0, rows, col0, block_cols, n_splits, [&](int s, int r, int cc) {
+        return tl_load_from_other_blocks(partials + ((long long)s * a.n_rows + row0 + r) * n_cols + col0 + cc);
+    });
     return true;
 }
 
 // -- the KV write folded into the qkv call (a.kv_mode), as the rows kernels fold it ---------------
 // The call's keys and values are its own output columns; each (row, kv head) has a counter that
 // reaches 2 hd once every column of that row's key and value of that head is in memory. A block
-// that stored outputs (its columns, its tile's rows) has fenced them (the caller: each thread's fence,
-// then the block's barrier), then adds to each (row, head)
-// counter the number of its columns among that head's keys and values: one atomic a pair where
-// the rows kernels add one an output (the counters are the same: a qkv of several segments,
-// some on the rows kernels, counts into them all). The count that completes a pair resets the
-// counter (for the next launch, or a replayed graph) and its warp stores the row with
+// that stored outputs (its columns, its tile's rows) has fenced them (the caller: each thread's
+// fence, then the block's barrier); it adds to each (row, head) counter the number of its
+// columns among that head's keys and values: one atomic a pair where the rows kernels add one
+// an output (the counters are the same: a qkv of several segments, some on the rows kernels,
+// counts into them all). The count that completes a pair resets the counter (for the next launch, or a replayed graph) and its warp stores the row with
 // kv_store.cuh, the kv_write_* kernels' own arithmetic (a warp a row: the same bits), reading
 // the columns other blocks wrote past L1; a count past 2 hd means a launch left a counter
 // behind, and traps. scratch: KV_FOLD_SCRATCH floats a warp (the staging buffers, done with).

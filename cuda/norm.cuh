@@ -133,8 +133,9 @@ __device__ __forceinline__ NormStats norm_stats(int kind, const float* xr, int D
 // The same statistics by one warp (linear_mma.cu and the rows kernels' fused norm: each warp a
 // row, in parallel). Not inlined: its 64 loads a lane and their sums, copied into each of the
 // rows kernels' instantiations, made linear.cu's cubin half as large again and its compile twice
-// as long (NVRTC 165 -> 300 s); called once a chunk, the call costs nothing measurable, and
-// ptxas gives it and its callers no stack frame (cuda/RESOURCES.md, checked in CI).
+// as long (NVRTC 165 -> 300 s); it is called once a chunk, so the call's few instructions are
+// small beside its loads (not timed: no GPU yet), and ptxas gives it and its callers no stack
+// frame (cuda/RESOURCES.md, checked in CI).
 __device__ __noinline__ NormStats norm_stats_warp(int kind, const float* xr, int D, float eps) {
     return norm_stats_by<true>(kind, xr, D, eps, nullptr);
 }

@@ -64,6 +64,7 @@ from tinyloop.backends.cuda.device import CupyDevice  # noqa: E402
 from tinyloop.backends.cuda.graphs import ForwardGraph, StepInputs  # noqa: E402
 from tinyloop.backends.cuda.launch import attention as attention_launch  # noqa: E402
 from tinyloop.backends.cuda.launch.kv import DeviceKV, DeviceView  # noqa: E402
+from tinyloop.backends.cuda.launch.memory import WrappedKernel  # noqa: E402
 from tinyloop.engine.decode import prefill  # noqa: E402
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate  # noqa: E402
 from tinyloop.engine.speculative import SpeculativeParams  # noqa: E402
@@ -170,26 +171,18 @@ class TimedModule:
         return TimedFunction(self.module.get_function(name), name, self.marks, self.cp)
 
 
-class TimedFunction:
-    """A kernel that records an event after each launch; its shared memory opt-in
-    (launch/memory.py allow_shared) goes to the kernel underneath."""
+class TimedFunction(WrappedKernel):
+    """A kernel that records an event after each launch (its shared memory opt-in goes to the
+    kernel underneath)."""
 
     def __init__(self, function, name: str, marks: list, cp):
-        self.function, self.name, self.marks, self.cp = function, name, marks, cp
+        super().__init__(function, name=name, marks=marks, cp=cp)
 
     def __call__(self, grid, block, args, shared_mem=0, **kwargs):
-        self.function(grid, block, args, shared_mem=shared_mem, **kwargs)
+        self.wrapped(grid, block, args, shared_mem=shared_mem, **kwargs)
         event = self.cp.cuda.Event()
         event.record()
         self.marks.append((self.name, tuple(grid), event))
-
-    @property
-    def max_dynamic_shared_size_bytes(self):
-        return self.function.max_dynamic_shared_size_bytes
-
-    @max_dynamic_shared_size_bytes.setter
-    def max_dynamic_shared_size_bytes(self, value):
-        self.function.max_dynamic_shared_size_bytes = value
 
 
 def kernel_rows(first, marks, elapsed_ms) -> list[dict]:

@@ -84,21 +84,21 @@ ATTENTION_KERNELS = {"fp16": "attention_fp16", "int8": "attention_int8", "int4":
 
 
 def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT, kv_mode: str = "fp16",
-              paired: bool = False, rows_folds: bool | None = None,
+              paired: bool = False, kv_fold: bool | None = None,
               swiglu_fold: bool | None = None) -> list[tuple[str, int, int]]:
     """(kernel, bytes per call, calls per token) of one decode step at `context` tokens of a
     `kv_mode` cache. fused_norm (the default, and TINYLOOP_CUDA_MMA_ROWS's up to 4 rows): each
     pre-norm and the final norm ride on the linear after them (qkv, up, head), which read the
-    residual row h instead of the norm's output. rows_folds (by default as fused_norm): the KV
+    residual row h instead of the norm's output. kv_fold (by default as fused_norm): the KV
     write rides on the qkv linear (the rows kernels' and linear_mma's); swiglu_fold (by default as
-    rows_folds, off on the tensor-core rows): a SwiGLU on the down projection after it, which
+    kv_fold, off on the tensor-core rows): a SwiGLU on the down projection after it, which
     stages swiglu(up) from the up projection's 2 ffn outputs (the staging's exp and divide per
     input are not counted: about 6 a thread for SmolLM2's 1,536 inputs over a block's 256
     threads). paired (TINYLOOP_CUDA_PAIR=1; int4
     weights, the pair's kind, with the rows folds): the out projection and the up projection after
     it are one launch (OUT_PAIRED, then UP_PAIRED: the same bytes, no launch of its own)."""
-    rows_folds = fused_norm if rows_folds is None else rows_folds
-    swiglu_fold = rows_folds if swiglu_fold is None else swiglu_fold
+    kv_fold = fused_norm if kv_fold is None else kv_fold
+    swiglu_fold = kv_fold if swiglu_fold is None else swiglu_fold
     d, hd, q, kv, ffn, n = s["dim"], s["hd"], s["heads"] * s["hd"], s["kv"] * s["hd"], s["ffn"], s["instances"]
     up_out = 2 * ffn if s["mlp"] == "swiglu" else ffn
     norm = "rms_norm" if s["mlp"] == "swiglu" else "layer_norm"
@@ -113,7 +113,7 @@ def step_rows(s: dict, fused_norm: bool = True, context: int = CONTEXT, kv_mode:
     rows = [
         ("embed_rows", 2 * d * 4, 1),
         *([] if fused_norm else [(norm, 3 * d * 4, 2 * n + 1)]),
-        *([(QKV_FOLDED, qkv + kv_write, n)] if rows_folds else
+        *([(QKV_FOLDED, qkv + kv_write, n)] if kv_fold else
           [("linear_rows qkv", qkv, n), ("kv_write_fp16 (+ RoPE of the keys)", kv_write, n)]),
         # CHUNK_KEYS-key chunks; the last chunk block of each kv head merges (partials written and read)
         (f"{ATTENTION_KERNELS[kv_mode]} (+ RoPE of the queries; {CHUNK_KEYS}-key chunks, merge folded in)",
@@ -405,7 +405,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
     norm_folded = not mma or rows <= linear_launch.MMA_NORM_FOLD_MAX_ROWS
     # the KV write rides on the qkv call on either path, the SwiGLU only on the rows kernels'
     for name, nbytes, calls in step_rows(s, fused_norm=norm_folded, context=context, kv_mode=kv_mode, paired=paired,
-                                         rows_folds=True, swiglu_fold=not mma):
+                                         kv_fold=True, swiglu_fold=not mma):
         fraction, detail, extra_s, gap = 1.0, None, 0.0, gap_s
         bits = s["head_bits"] if name.endswith("head") else s["core_bits"]
         # the pre-norm rides on qkv, up and the head (fused_norm): linear_mma stages it too
@@ -413,12 +413,11 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
         call = mma_call(linear_in[name], linear_warps[name], rows, sass,
                         ("rms" if s["mlp"] == "swiglu" else "layer") if takes_norm else None) \
             if mma and name in linear_warps and bits == 4 else None
+        # the folded KV write's tail, on either kernel: the fence and count after the last
+        # columns (an atomic's round trip), then the completing warp's load of the row (another)
+        kv_tail_s = 2 * LATENCY_S if name == QKV_FOLDED else 0.0
         if call:
-            detail, extra_s = call["detail"], call["extra_s"]
-            if name == QKV_FOLDED:
-                # the blocks storing a head's last columns fence and count (an atomic's round
-                # trip); the warp completing it loads its row (another) and stores it
-                extra_s += 2 * LATENCY_S
+            detail, extra_s = call["detail"], call["extra_s"] + kv_tail_s
             name = name.replace("linear_rows", "linear_mma")
             nbytes += call["partials"] + (rows - 1) * (linear_in[name.replace("linear_mma", "linear_rows")]
                                                        + linear_warps[name.replace("linear_mma", "linear_rows")]) * 4
@@ -430,10 +429,7 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
             if loop:
                 detail = expected_fraction(loop, resident, linear_warps[name])
             nbytes *= -(-rows // rows_chunk())                        # one read per row chunk
-            if name == QKV_FOLDED:
-                # after its last column a warp fences and counts (an atomic's round trip); the
-                # warp completing a head then loads its row (another) and stores it
-                extra_s = 2 * LATENCY_S
+            extra_s = kv_tail_s
             if norm_folded and name in NORMED_ROWS:
                 extra_s += rows_norm_stats_s(s, rows, linear_in[name], 32 // bits)
             if name in IN_ANOTHER_LAUNCH:

@@ -22,6 +22,7 @@ from test_tree_verify import check_tree_against_paths
 from tinyloop.backends.reference import NumpyBackend
 from tinyloop.backends.cuda.backend import CudaBackend
 from tinyloop.backends.cuda.compile import kernel_path
+from tinyloop.backends.cuda.launch.memory import WrappedKernel
 from tinyloop.engine.decode import prefill
 from tinyloop.engine.generate import GenerationRequest, generate, speculative_generate
 from tinyloop.engine.speculative import SpeculativeParams
@@ -158,24 +159,15 @@ class LaunchCounter:
         return CountedFunction(self.module.get_function(name), name, self.counts)
 
 
-class CountedFunction:
-    """A kernel that counts its launches; its shared memory opt-in (launch/memory.py
-    allow_shared) goes to the kernel underneath."""
+class CountedFunction(WrappedKernel):
+    """A kernel that counts its launches (its shared memory opt-in goes to the kernel underneath)."""
 
     def __init__(self, function, name, counts):
-        self.function, self.name, self.counts = function, name, counts
+        super().__init__(function, name=name, counts=counts)
 
     def __call__(self, *args, **kwargs):
         self.counts[self.name] = self.counts.get(self.name, 0) + 1
-        return self.function(*args, **kwargs)
-
-    @property
-    def max_dynamic_shared_size_bytes(self):
-        return self.function.max_dynamic_shared_size_bytes
-
-    @max_dynamic_shared_size_bytes.setter
-    def max_dynamic_shared_size_bytes(self, value):
-        self.function.max_dynamic_shared_size_bytes = value
+        return self.wrapped(*args, **kwargs)
 
 
 def mma_rows_model(path, mode="fp16", order="id"):

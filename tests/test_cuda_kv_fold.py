@@ -17,6 +17,7 @@ from tinyloop.backends.cuda.launch import kv as kv_launch
 from tinyloop.backends.cuda.launch import linear as launch
 from tinyloop.backends.cuda.launch.packing import pack_linear
 from tinyloop.backends.reference.twins import kv as twin_kv
+from tinyloop.backends.reference.twins import linear as twin_linear
 from tinyloop.backends.reference.twins.elementwise import rope_rows
 
 MODES = ["fp16", "fp32", "int8", "int4", "int4-h"]
@@ -67,6 +68,40 @@ def assert_same_store(folded, apart):
     assert not counters.any(), counters          # every launch leaves its counters zero
 
 
+def fold_and_apart(device, mode, seed, n_rows, n_q, n_kv, hd, n_in, rope, **options):
+    """A random qkv call (x scaled by 2, `n_rows` distinct pool rows of 128, RoPE rows where
+    `rope`) run folded and apart on fresh pools of `mode` (run's options: cap, mma). -> (parts,
+    x, rows, rotation, the last pool's view, [folded, apart])."""
+    rng = np.random.default_rng(seed)
+    parts = qkv_parts(rng, n_q, n_kv, hd, n_in)
+    x = (rng.standard_normal((n_rows, n_in)) * 2).astype(np.float32)
+    rows = rng.permutation(128)[:n_rows]
+    rotation = rotations(rng, n_rows, hd) if rope else None
+    results = []
+    for fold in (True, False):
+        kv = device_kv(device, mode, 2, n_kv, 128, hd)
+        results.append(run(device, parts, x, kv, 1, rows, rotation, fold, **options))
+    return parts, x, rows, rotation, kv, results
+
+
+def assert_the_twins_store(folded, linear, mode, n_q, n_kv, hd, rows, rotation, kv):
+    """The folded call's output and pool bytes are the twins': `linear` (the linear twin's
+    output), RoPE's on its keys, then the KV store's at table row 1 of kv's pool."""
+    n_rows = linear.shape[0]
+    want = linear.copy()
+    k_cols = slice(n_q, n_q + n_kv * hd)
+    v_cols = slice(n_q + n_kv * hd, n_q + 2 * n_kv * hd)
+    if rotation is not None:
+        want[:, k_cols] = rope_rows(want[:, k_cols].reshape(n_rows, n_kv, hd), rotation).reshape(n_rows, -1)
+    assert_bits_equal(folded[0], want)
+    pool = kv_launch.DeviceKV.allocate(mode, n_kv, kv.pool.rows, hd)
+    twin_kv.kv_write(mode, pool.keys, pool.values, kv.table[1], rows, want[:, k_cols].reshape(n_rows, n_kv, hd),
+                     want[:, v_cols].reshape(n_rows, n_kv, hd))
+    for got, side in zip(folded[1], (pool.keys, pool.values)):
+        for name in side:
+            assert np.array_equal(got[name].view(np.uint8), side[name].view(np.uint8)), name
+
+
 CASES = [  # (rows, n_q, n_kv, hd, n_in, cap, rope): resident decode rows (a capped grid: a warp
     # runs through columns of several heads), 2 rows, the tiled path (5 and 16 rows: 8-row chunks
     # then 4, 2, 1), rows split over blocks (17 and 40 rows: 16 a block), a head of one 48-wide
@@ -83,29 +118,10 @@ CASES = [  # (rows, n_q, n_kv, hd, n_in, cap, rope): resident decode rows (a cap
                           if mode != "int4-h" or not case[3] & (case[3] - 1)])    # int4-h: power-of-two heads
 def test_a_folded_kv_write_gives_the_bits_of_the_linear_then_kv_write(kernel_device, mode, n_rows, n_q, n_kv, hd,
                                                                        n_in, cap, rope):
-    rng = np.random.default_rng(n_rows * 100 + hd + n_q)
-    parts = qkv_parts(rng, n_q, n_kv, hd, n_in)
-    x = (rng.standard_normal((n_rows, n_in)) * 2).astype(np.float32)
-    rows = rng.permutation(128)[:n_rows]
-    rotation = rotations(rng, n_rows, hd) if rope else None
-    results = []
-    for fold in (True, False):
-        kv = device_kv(kernel_device, mode, 2, n_kv, 128, hd)
-        results.append(run(kernel_device, parts, x, kv, 1, rows, rotation, fold, cap))
+    parts, x, rows, rotation, kv, results = fold_and_apart(kernel_device, mode, n_rows * 100 + hd + n_q, n_rows,
+                                                           n_q, n_kv, hd, n_in, rope, cap=cap)
     assert_same_store(*results)
-    # and the twins': the linear's, RoPE's on its keys, then the KV store's
-    want = twin_rows(parts, None, x)
-    k_cols = slice(n_q, n_q + n_kv * hd)
-    v_cols = slice(n_q + n_kv * hd, n_q + 2 * n_kv * hd)
-    if rope:
-        want[:, k_cols] = rope_rows(want[:, k_cols].reshape(n_rows, n_kv, hd), rotation).reshape(n_rows, -1)
-    assert_bits_equal(results[0][0], want)
-    pool = kv_launch.DeviceKV.allocate(mode, n_kv, kv.pool.rows, hd)
-    twin_kv.kv_write(mode, pool.keys, pool.values, kv.table[1], rows, want[:, k_cols].reshape(n_rows, n_kv, hd),
-                     want[:, v_cols].reshape(n_rows, n_kv, hd))
-    for got, side in zip(results[0][1], (pool.keys, pool.values)):
-        for name in side:
-            assert np.array_equal(got[name].view(np.uint8), side[name].view(np.uint8)), name
+    assert_the_twins_store(results[0], twin_rows(parts, None, x), mode, n_q, n_kv, hd, rows, rotation, kv)
 
 
 MMA_CASES = [  # (rows, n_q, n_kv, hd, n_in, rope) on the tensor-core rows: 3 splits of k on a block's 4
@@ -123,20 +139,17 @@ def test_a_folded_kv_write_on_tensor_core_rows_gives_the_bits_of_the_linear_then
         kernel_device, mode, n_rows, n_q, n_kv, hd, n_in, rope):
     """linear_mma_int4 with the KV write folded in (the blocks that store a head's columns count
     them, the one that completes a row stores it) against linear_mma then kv_write: the output,
-    the pool's bytes and the counters (left zero), bit for bit. The store's arithmetic per mode
+    the pool's bytes and the counters (left zero), bit for bit; and on the harness against the
+    twins (twins/linear.py linear_mma, RoPE, the KV store). The store's arithmetic per mode
     is the rows kernels' fold's (kv_store.cuh, every mode above); here each case runs fp16 and
     one mode in turn (int4-h on the 17-row case)."""
-    rng = np.random.default_rng(n_rows * 100 + hd + n_q + n_in)
-    parts = qkv_parts(rng, n_q, n_kv, hd, n_in)
-    assert all(launch.mma_eligible(seg) for seg in pack_linear(parts, None, np, keep_f16=True).segments)
-    x = (rng.standard_normal((n_rows, n_in)) * 2).astype(np.float32)
-    rows = rng.permutation(128)[:n_rows]
-    rotation = rotations(rng, n_rows, hd) if rope else None
-    results = []
-    for fold in (True, False):
-        kv = device_kv(kernel_device, mode, 2, n_kv, 128, hd)
-        results.append(run(kernel_device, parts, x, kv, 1, rows, rotation, fold, mma=True))
+    parts, x, rows, rotation, kv, results = fold_and_apart(kernel_device, mode, n_rows * 100 + hd + n_q + n_in,
+                                                           n_rows, n_q, n_kv, hd, n_in, rope, mma=True)
+    packed = pack_linear(parts, None, np, keep_f16=True)
+    assert all(launch.mma_eligible(seg) for seg in packed.segments)
     assert_same_store(*results)
+    if not kernel_device.is_gpu:            # (on a GPU the tensor cores add their own way)
+        assert_the_twins_store(results[0], twin_linear.linear_mma(x, packed), mode, n_q, n_kv, hd, rows, rotation, kv)
 
 
 @pytest.mark.parametrize("mma", [False, True])

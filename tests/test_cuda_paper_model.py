@@ -152,7 +152,11 @@ def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_row
     one = cuda_estimates.latency_rows(doc, mma=True)
     assert not any(r["kernel"] == "layer_norm" or r["kernel"].startswith("kv_write") for r in one)
     assert cuda_estimates.launches(one) == 173
-    assert "linear_mma qkv (+ the KV write, RoPE of the keys)" in {r["kernel"] for r in one}
+    # the folded KV write's tail on the qkv call: the fence and count, then the row's load
+    qkv = {r["kernel"]: r for r in one}["linear_mma qkv (+ the KV write, RoPE of the keys)"]
+    moved = qkv["bytes"] / (cuda_estimates.HBM * qkv["fraction"])
+    call_s = cuda_estimates.mma_call(2048, 6144, 1, norm="layer")["extra_s"]
+    assert qkv["us"] == pytest.approx((moved + cuda_estimates.LAUNCH_GAP_S + call_s + 2 * cuda_estimates.LATENCY_S) * 1e6)
     assert sum(1 for r in one if r["kernel"].startswith("linear_mma")) == 5        # qkv, out, up, down, head
     sixteen = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True)}
     assert sixteen["layer_norm"]["calls"] == 69

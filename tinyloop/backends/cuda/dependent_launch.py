@@ -29,6 +29,7 @@ import threading
 
 import numpy as np
 
+from tinyloop.backends.cuda.launch.memory import WrappedKernel
 from tinyloop.env import env_flag
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6      # CUlaunchAttributeID in cuda.h
@@ -151,25 +152,18 @@ def function_handle(function) -> int:
     return int(getattr(function, "kernel", function).ptr)
 
 
-class DependentFunction:
+class DependentFunction(WrappedKernel):
     """A kernel called as CuPy's are, `f(grid, block, args, shared_mem=0, stream=None)`, launched
     with programmatic dependent launch. Attributes (max_dynamic_shared_size_bytes) read and set
-    the wrapped kernel's."""
+    the wrapped kernel's (WrappedKernel)."""
 
     def __init__(self, name: str, function, launcher: DependentLauncher, current_stream_ptr):
-        object.__setattr__(self, "_parts", (name, function, launcher, current_stream_ptr))
+        super().__init__(function, name=name, launcher=launcher, current_stream_ptr=current_stream_ptr)
 
     def __call__(self, grid, block, args, shared_mem: int = 0, stream=None):
-        name, function, launcher, current_stream_ptr = self._parts
-        current = current_stream_ptr()              # also makes the device's context current on this thread
+        current = self.current_stream_ptr()         # also makes the device's context current on this thread
         stream_ptr = current if stream is None else int(stream.ptr)
-        launcher(name, function_handle(function), grid, block, args, shared_mem, stream_ptr)
-
-    def __getattr__(self, attribute):
-        return getattr(self._parts[1], attribute)
-
-    def __setattr__(self, attribute, value):
-        setattr(self._parts[1], attribute, value)
+        self.launcher(self.name, function_handle(self.wrapped), grid, block, args, shared_mem, stream_ptr)
 
 
 class DependentModule:

@@ -59,6 +59,24 @@ def allow_shared(function, nbytes: int, kernel: str) -> None:
                            f"allows {function.max_dynamic_shared_size_bytes}")
 
 
+
+class WrappedKernel:
+    """A kernel called through a wrapper of ours (a launcher, a launch counter, a timer): what the
+    wrapper does not hold itself, such as CuPy's max_dynamic_shared_size_bytes (allow_shared's
+    opt-in), is read and set on the kernel underneath, `wrapped`. Subclasses define __call__ and
+    pass their own state to __init__ by name."""
+
+    def __init__(self, wrapped, **own):
+        object.__setattr__(self, "wrapped", wrapped)
+        for name, value in own.items():
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, attribute):           # only what the wrapper does not hold
+        return getattr(object.__getattribute__(self, "wrapped"), attribute)
+
+    def __setattr__(self, attribute, value):
+        setattr(self.wrapped, attribute, value)
+
 _SHARED_LIMITS: dict = {}      # device id -> its opt-in limit (asked once: a call per layer would cost)
 
 
