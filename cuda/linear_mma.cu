@@ -162,7 +162,7 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
         }
 }
 
-// The batch's inputs as the A fragments want them, into xs (8 x MMA_XS_PITCH words). An item is
+// The staging: a batch's inputs as the A fragments want them, into xs (8 x MMA_XS_PITCH words). An item is
 // 8 stored columns (x0..x7) of rows g and g+8 of the tile, 8 words: step 0's a0..a3 = (g: x0,x4),
 // (g+8: x0,x4), (g: x1,x5), (g+8: x1,x5), then step 1's with (x2,x6), (x3,x7); so one 16-byte
 // shared load is a step's A, in the four registers mma.sync reads. The item of lane c's word q
@@ -170,23 +170,99 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
 // 6 of 8 and the next g (MMA_XS_PITCH words on: 4 mod 32) the odd ones, so a quarter-warp's load
 // is free of bank conflicts.
 // No permutation (mma_eligible): stored column j feeds input j, or 0 past in_features.
-// A thread stages one row of an item at a time, and only the call's rows: a decode's one row
-// stages a sixteenth of a full tile's inputs. The rest of the buffer holds what it held (an
-// earlier batch's inputs, or never written): the products read it as rows of A past the
-// call's, and an output row of an mma depends on its own row of A alone (as row invariance
-// does), so no kept output reads it (tests: the harness poisons shared memory with NaN).
+// Only the call's rows are staged (and zeros for a row r + 8 past them, which the whole-items
+// loop below writes with row r): a decode's one row stages a sixteenth of a full tile's
+// inputs. The rest of the buffer holds what it held (an earlier batch's inputs, or never
+// written): the products read it as rows of A past the call's, and an output row of an mma
+// depends on its own row of A alone (as row invariance does), so no kept output reads it
+// (tests: the harness poisons shared memory with NaN).
 // NORM (a.norm: the pre-norm folded in, x the float32 residual stream): each input is the norm
 // kernel's value (linear_norm.cuh normed_value, st: the tile's rows' statistics), as the rows
 // kernels stage it; rounded to half for the mma as the norm kernel's output would be.
 // Parts (the block's splits, 1, 2 or 4 of them, parts_log2 their log): part p's batch, from
-// stored column kb + p split_k, into its own buffer, xs + p MMA_XS_WORDS. A pass's index is
-// (row, part, item) by shifts and masks (an integer division by a count known only at run time
-// is some 20 instructions), the items of a row rounded up to a power of two.
+// stored column kb + p split_k, into its own buffer, xs + p MMA_XS_WORDS.
+// Two loops: where a batch's items are all whole (no column past in_features), x float with
+// rows 16-byte aligned and no pre-norm, mma_stage_whole_items (16-byte loads, two rows a pass, addresses
+// moving by strides: 29 instructions a pass on sm_90 where the checked loop takes 88 for one
+// row, cuda/SASS.md); else the checked loop of mma_stage_batch. The same values in the same
+// places either way.
+
+// An item's 8 inputs from x (16-byte aligned) as its four words, the pairs (x0, x4), (x1, x5),
+// (x2, x6), (x3, x7) rounded to the nearest halves as mma_pack_rn rounds them.
+__device__ __forceinline__ void mma_item_words(const float* x, unsigned int (&words)[4]) {
+    // (the tags on both lines: ptxas gives the loads the line of their first use)
+    const TlWords4 lo = *reinterpret_cast<const TlWords4*>(x), hi = *reinterpret_cast<const TlWords4*>(x + 4);   // sass: linear-mma-stage
+#pragma unroll
+    for (int q = 0; q < 4; q++) words[q] = mma_pack_rn(__uint_as_float(lo.w[q]), __uint_as_float(hi.w[q]));   // sass: linear-mma-stage
+}
+
+// The staging of a batch whose items are all whole (no column past in_features) from a float x
+// whose rows are 16-byte aligned: mma_stage_batch's layout and values, in fewer instructions.
+// (A half x, fp16 activations, stays on the checked loop: this loop's half instantiation took
+// linear_mma past its 168 registers, into spills on sm_90 and sm_120.) A thread
+// keeps one item (the block's threads are a multiple of a row's items, rounded up to a power of
+// two) and walks the (row, part) pairs, so its addresses move by a stride; a pass stages rows r
+// and r + 8 of the item (the 8 words rows g and g + 8 share, two 16-byte stores) from 16-byte
+// loads, zeros for a row r + 8 past the call's (an A row no kept output reads). Parts past
+// the block's last (3 of 4 staged) are left alone: no warp sums them, and their columns lie
+// past x's row. A quarter-warp's 8 items store to two groups of banks (slots 0, 4, 8, 12 and
+// 1, 5, 9, 13 of a chunk): a 4-way conflict, against 8-way for the checked loop's 4-byte stores.
+__device__ __forceinline__ void mma_stage_whole_items(const LinearArgs& a, int kb, int items, int item_bits,
+                                                      int parts_log2, int block_parts, int split_k, int row0,
+                                                      int rows, unsigned int* xs) {
+    const int item = threadIdx.x & ((1 << item_bits) - 1);
+    if (item >= items) return;                                   // a row of 3 chunks: 48 of 64
+    const int pairs = min(rows, 8);                               // rows r, r + 8 a pass
+    const int ch = item >> 4, within = item & 15;                 // within = 4 c + q
+    // the (row, part) pairs r parts + p a thread takes are t0, t0 + step, ... (step: the threads of
+    // an item): a fixed part and every (step / parts)-th row where the parts divide the step, every
+    // row of every step-th part where the step divides the parts, so its addresses move by strides
+    const int step = MMA_THREADS >> item_bits, t0 = threadIdx.x >> item_bits;
+    const int row_step = max(step >> parts_log2, 1), part_step = min(step, 1 << parts_log2);
+    const int r0 = t0 >> parts_log2, stride = a.x_stride;
+    const float* x = static_cast<const float*>(a.x) + (long long)(row0 + r0) * stride + kb + item * 8;
+    unsigned int* dst = xs + r0 * MMA_XS_PITCH + (ch * 16 + (within & 3) * 4 + (within >> 2)) * 8;
+    for (int p = t0 & ((1 << parts_log2) - 1); p < block_parts; p += part_step) {
+        const float* xr = x + p * split_k;
+        unsigned int* at = dst + p * MMA_XS_WORDS;
+        for (int r = r0; r < pairs; r += row_step) {
+            unsigned int low[4], high[4] = {0u, 0u, 0u, 0u};
+            mma_item_words(xr, low);
+            if (r + 8 < rows) mma_item_words(xr + 8 * stride, high);
+            // the item's words: pair q of rows g and g + 8 at (q / 2) 4 + (q % 2) 2 + (r >= 8)
+            reinterpret_cast<TlWords4*>(at)[0] = TlWords4{{low[0], high[0], low[1], high[1]}};
+            reinterpret_cast<TlWords4*>(at)[1] = TlWords4{{low[2], high[2], low[3], high[3]}};
+            xr += row_step * stride;
+            at += row_step * MMA_XS_PITCH;
+        }
+    }
+}
+
+// Whether a float x's batch needs the checked loop: x's rows not 16-byte aligned (uniform over
+// the launch), or a column past in_features among the block's parts' items (uniform over the
+// block: the last batch of a short last split, or of a width not a multiple of a chunk).
+__device__ __forceinline__ bool mma_stage_is_checked(const LinearArgs& a, int kb, int items, int block_parts,
+                                                     int split_k) {
+    const bool aligned = (reinterpret_cast<unsigned long long>(a.x) & 15ull) == 0 && a.x_stride % 4 == 0;
+    return !aligned || kb + (block_parts - 1) * split_k + items * 8 > a.in_features;
+}
+
+// The checked loop: one row of an item a pass, each column checked against in_features, the
+// pre-norm applied where there is one. A pass's index is (row, part, item) by shifts and masks
+// (an integer division by a count known only at run time is some 20 instructions), the items
+// of a row rounded up to a power of two.
 template <class X, bool NORM>
-__device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int chunks, int parts_log2, int split_k,
-                                                int row0, int rows, unsigned int* xs, const NormStats* st) {
+__device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int chunks, int parts_log2,
+                                                int block_parts, int split_k, int row0, int rows,
+                                                unsigned int* xs, const NormStats* st) {
     const int items = chunks * (MMA_CHUNK / 8);                  // items per row: 16 a chunk
     const int item_bits = chunks > 2 ? 6 : chunks > 1 ? 5 : 4;  // log2 of 16, 32, 64 >= items
+    if constexpr (!NORM && sizeof(X) == sizeof(float)) {
+        if (!mma_stage_is_checked(a, kb, items, block_parts, split_k)) {
+            mma_stage_whole_items(a, kb, items, item_bits, parts_log2, block_parts, split_k, row0, rows, xs);
+            return;
+        }
+    }
     const int parts_mask = (1 << parts_log2) - 1;
     for (int i = threadIdx.x; i < rows << (parts_log2 + item_bits); i += MMA_THREADS) {
         const int item = i & ((1 << item_bits) - 1), row_part = i >> item_bits;
@@ -221,7 +297,7 @@ __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int
             const X* xr = static_cast<const X*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
             if (whole) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) v[e] = widen(xr[e]);        // sass: linear-mma-stage
+                for (int e = 0; e < 8; e++) v[e] = widen(xr[e]);        // sass: linear-mma-stage-checked
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; e++) v[e] = col + e < a.in_features ? widen(xr[e]) : 0.0f;
@@ -347,8 +423,8 @@ __device__ __forceinline__ bool linear_mma_int4_of(const LinearArgs& a, float* p
         if (batch + 1 < batches)
             mma_load_batch(lane_at, k0 + offset + MMA_MAX_CHUNKS * MMA_CHUNK, next);
         unsigned int* buffer = xs + (batch & 1) * parts * MMA_XS_WORDS;
-        mma_stage_batch<X, NORM>(a, first_split * split_k + offset, stage_chunks, stage_parts_log2, split_k,
-                                 row0, rows, buffer, st);
+        mma_stage_batch<X, NORM>(a, first_split * split_k + offset, stage_chunks, stage_parts_log2, block_parts,
+                                 split_k, row0, rows, buffer, st);
         __syncthreads();
         mma_batch_products(current, batch_chunks, buffer + part * MMA_XS_WORDS, acc);
         if (batch + 1 < batches) current = next;

@@ -243,11 +243,11 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     detail, fraction, extra_s}, or None without its SASS figures. A warp's split runs in batches
     of 4 chunks, the next batch's weights loading while this one's products are summed: about
     two batches in flight, chunks x 2 x (16 + 2 + 2) bytes a lane in all. Its instructions are
-    the batch loop's body in cuda/SASS.md (one batch of 4 chunks with one pass of the staging
-    loop, one row of an item), scaled to the split's chunks, and the staging passes of the call's
-    rows (16 items of 8 columns a chunk and a row, over 128 threads) for each of the block's
-    parts (launch/linear.py mma_parts: the splits a block's warps take, at an H200's shared
-    memory). Splits a block holds all add in shared memory (no round trip); splits across
+    the batch loop's body in cuda/SASS.md less its staging loops (one batch of 4 chunks), scaled
+    to the split's chunks, and the staging passes of the call's rows (16 items of 8 columns a
+    chunk and a row, or a pair of rows in the whole-items loop, over 128 threads) for each of
+    the block's parts (launch/linear.py mma_parts: the splits a block's warps take, at an H200's
+    shared memory). Splits a block holds all add in shared memory (no round trip); splits across
     blocks (past 16 rows) write their partials, read back, and the last block's sum adds its
     tail: the counter's round trip, then one per split (from L2).
     norm ("rms" or "layer": the pre-norm folded in): the batch loop and staging pass of the
@@ -262,7 +262,6 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     # the normed path's loops carry its staging's tag, the plain path's do not
     normed = (lambda l: "linear-mma-norm" in l["tags"]) if norm else (lambda l: "linear-mma-norm" not in l["tags"])
     batch_loops = [l for l in loops if "linear-mma-weights" in l["tags"] and normed(l)]
-    stage = [l for l in loops if l["tags"] == (["linear-mma-norm"] if norm else ["linear-mma-stage"])]
     if not batch_loops:
         return None
     body = min(batch_loops, key=lambda l: l["instructions"])
@@ -271,13 +270,26 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     parts = linear_launch.mma_parts(splits, rows)
     y_blocks = -(-splits // parts)
     batches = -(-chunks // linear_launch.MMA_MAX_CHUNKS)
+    # The staging loop a batch runs (mma_stage_batch): with the pre-norm, the normed one (a row of
+    # an item a pass); without, the whole-items loop (16-byte loads, rows r and r + 8 of an item
+    # a pass) where every split is whole (n_in a multiple of split_k: no column past in_features;
+    # x's rows 16-byte aligned, as the backend's buffers are), else the checked one (a row of an
+    # item a pass). The batch loop's body holds every staging loop once: the products are the
+    # body less those, and the staging its passes of the loop it runs.
+    staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"])
+    nested = [l for l in loops if l["tags"] in staging_tags and body["start"] <= l["start"] and l["end"] <= body["end"]]
+    whole = not norm and n_in % split_k == 0
+    stage = [l for l in loops if l["tags"] == (["linear-mma-stage"] if whole else staging_tags[-1])]
     stage_pass = min(l["instructions"] for l in stage) if stage else 0
-    # a chunk's staging is 16 items (8 columns each) for each row of the call's tile and each of
-    # the block's parts, a row of an item a pass, over the block's 128 threads: two passes a
-    # chunk for a full tile of 16 rows, an eighth for one row, times the parts
+    # a chunk's staging is 16 items (8 columns each) for each row of the call's tile (each pair
+    # of rows r, r + 8 in the whole-items loop) and each of the block's parts, over the block's
+    # 128 threads: two passes a chunk for a full tile of 16 rows (one in the whole-items loop),
+    # an eighth for one row, times the parts
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
-    instructions = ((body["instructions"] - stage_pass) * chunks / linear_launch.MMA_MAX_CHUNKS
-                    + chunks * stage_pass * tile_rows * (linear_launch.MMA_CHUNK // 8) * parts
+    passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if whole else tile_rows
+    instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
+                    / linear_launch.MMA_MAX_CHUNKS
+                    + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * parts
                     / linear_launch.MMA_THREADS)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)

@@ -67,20 +67,23 @@ def on_gpu(device) -> bool:
 
 
 # -- bit for bit against the twin (the harness runs the mma stand-in the twin spells out) ---------
+@pytest.mark.parametrize("x_pad", [(3, 1), (4, 4)])
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 33])
 @pytest.mark.parametrize("n_in,group", [(576, 32), (100, 32), (1024, 64), (640, 128)])
-def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group):
+def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group, x_pad):
     """150 columns (a partial column block: 3 column blocks, so k splits, at most 4 ways), 576
     inputs (3 splits of 2 chunks, the last half empty), 100 (one split: the epilogue without a
-    sum, padded columns), 1024 with groups of 64 (4 splits) and 640 with groups of 128 (3; a
-    group spanning a lane's 32 columns and more); 1 to 33 rows (one, two and three row tiles:
-    past one tile the last block adds the splits); x a view; a bias. On a GPU the tensor cores
-    add their own way: within a tolerance there."""
+    sum, padded columns), 1024 with groups of 64 (4 whole splits) and 640 with groups of 128
+    (3; a group spanning a lane's 32 columns and more); 1 to 33 rows (one, two and three row
+    tiles: past one tile the last block adds the splits); a bias. x a view: 3 floats into its
+    buffer (rows not 16-byte aligned: the checked staging) or 4 (aligned, the row stride not
+    the width: the 16-byte staging where the items are whole, 1024's). On a GPU the tensor
+    cores add their own way: within a tolerance there."""
     rng = np.random.default_rng(rows * 1000 + n_in)
     parts = [int4_part(rng, 150, n_in, group)]
     bias = rng.standard_normal(150).astype(np.float32)
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    got = run_mma(kernel_device, parts, bias, x, x_pad=(3, 1))
+    got = run_mma(kernel_device, parts, bias, x, x_pad=x_pad)
     expected = twin.linear_mma(x, pack_linear(parts, bias, np))
     if on_gpu(kernel_device):
         assert np.all(np.abs(got - expected) <= 1e-5 * (magnitude(x, parts) + np.abs(bias)))
@@ -119,11 +122,17 @@ def launched_parts(monkeypatch) -> list:
     return parts
 
 
-@pytest.mark.parametrize("n_out,n_in,rows", [(70, 640, 1), (150, 1280, 5), (64, 1280, 16), (150, 576, 17)])
-def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, rows):
+@pytest.mark.parametrize("x_pad", [(1, 2), (4, 4)])
+@pytest.mark.parametrize("n_out,n_in,rows", [(70, 640, 1), (150, 1280, 5), (64, 1280, 16), (150, 576, 17),
+                                             (64, 1536, 16), (150, 1536, 5), (150, 768, 16)])
+def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, rows, x_pad):
     """The same splits added by a block's warps in shared memory (2 or 4 parts: 3 splits on 4
     parts leaves a warp idle) or by the last block from the partials (1 part): the same bits,
-    and the twin's, with 1 to 17 rows; each forced count reaches the launch (its shared memory)."""
+    and the twin's, with 1 to 17 rows; each forced count reaches the launch (its shared memory).
+    x's rows misaligned (the checked staging) or aligned: 1536 inputs are 4 whole splits of 3
+    chunks, staged by the 16-byte loop, whose threads on 4 parts take two parts each (an item's
+    threads, 2, fewer than the parts); 768 are 3 whole splits on 4 parts, the fourth staging
+    nothing (its columns would lie past the row: past the last row's, a fault here)."""
     rng = np.random.default_rng(n_in * 3 + rows)
     parts = [int4_part(rng, n_out, n_in)]
     bias = rng.standard_normal(n_out).astype(np.float32)
@@ -133,7 +142,7 @@ def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, r
     runs, launched = {}, launched_parts(monkeypatch)
     for forced in (1, 2, 4):
         monkeypatch.setattr(launch, "mma_parts", lambda splits, n_rows, limit, forced=forced: forced)
-        runs[forced] = run_mma(kernel_device, parts, bias, x, x_pad=(1, 2))
+        runs[forced] = run_mma(kernel_device, parts, bias, x, x_pad=x_pad)
     assert launched == [1, 2, 4]
     assert_bits_equal(runs[2], runs[1])
     assert_bits_equal(runs[4], runs[1])

@@ -115,26 +115,68 @@ def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
     assert cuda_estimates.mma_call(2048, 6144, 16)["detail"]["splits"] == 1
 
 
+def mma_loops(loops):
+    """linear_mma's plain batch loop and the two staging loops inside it, from the machine code."""
+    body = min((l for l in loops if "linear-mma-weights" in l["tags"] and "linear-mma-norm" not in l["tags"]),
+               key=lambda l: l["instructions"])
+    inside = [l for l in loops if body["start"] <= l["start"] and l["end"] <= body["end"]]
+    whole = [l for l in inside if l["tags"] == ["linear-mma-stage"]]
+    checked = [l for l in inside if l["tags"] == ["linear-mma-stage-checked"]]
+    assert len(whole) == len(checked) == 1
+    return body, whole[0], checked[0]
+
+
+def test_whole_splits_stage_two_rows_a_pass_and_others_one():
+    """Where every split is whole (n_in a multiple of split_k: doc-407m's 2,048 and 8,192 inputs)
+    a batch runs the whole-items loop, a pair of rows (r, r + 8) a pass; else (SmolLM2's 576
+    inputs: 3 splits of 256, the last 64) the checked loop, a row a pass. Worked from the
+    machine code at 16 rows and 1 (a pass for one row either way): the whole-items loop takes
+    fewer instructions a pass, and half the passes at 16 rows."""
+    loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
+    body, whole, checked = mma_loops(loops)
+    assert whole["instructions"] < checked["instructions"] / 2
+    assert whole["widths"].get("16", 0) == 4 and whole["shared_stores"] == 2
+    products = body["instructions"] - whole["instructions"] - checked["instructions"]
+
+    def expected(n_in, n_out, rows, stage, passes_rows):
+        split_k = cuda_estimates.linear_launch.mma_split_k(n_in, n_out)
+        chunks = split_k // 128
+        parts = cuda_estimates.linear_launch.mma_parts(-(-n_in // split_k), rows)
+        return products * chunks / 4 + chunks * stage * passes_rows * 16 * parts / 128
+
+    for n_in, n_out, stage, pair in ((2048, 6144, whole, True), (8192, 2048, whole, True),
+                                     (576, 960, checked, False)):
+        for rows in (1, 16):
+            call = cuda_estimates.mma_call(n_in, n_out, rows)
+            instructions = expected(n_in, n_out, rows, stage["instructions"], min(rows, 8) if pair else rows)
+            # issue = 4 x clock x 32 x bytes a lane / instructions / BW_SM: instructions from it
+            bytes_lane = cuda_estimates.linear_launch.mma_split_k(n_in, n_out) // 128 * 2 * 20
+            got = (cuda_estimates.ISSUE_PER_SM * cuda_estimates.SM_CLOCK_HZ * 32 * bytes_lane
+                   / call["detail"]["issue"] / cuda_estimates.BW_SM)
+            assert got == pytest.approx(instructions, abs=1), (n_in, rows)
+
+
 def test_a_blocks_parts_cost_no_round_trip_and_multiply_the_staging(monkeypatch):
     """linear_mma's splits: doc-407m's down projection (32 column blocks of 64) takes 2 splits,
     both in one block (2 parts: no partials, no round trip); past a tile of rows (17) one split
     a block, whose sum costs the counter's round trip and one from L2 a split. A block stages
     each of its parts' inputs: at 16 rows, 4 parts issue the staging passes 4 times (worked from
-    the machine code's batch loop and staging pass: body - pass a batch, plus 16 rows x 16
-    items a chunk over 128 threads, times the parts). And the staging buffers (2 x 16.1 KiB a
-    part) leave an SM one block of 4 parts."""
+    the machine code's batch loop and staging loops: the body less both staging loops a batch,
+    plus the whole-items loop's passes, 8 pairs of rows x 16 items a chunk over 128 threads,
+    times the parts). And the staging buffers (2 x 16.1 KiB a part) leave an SM one block of 4
+    parts."""
     one, tiles = cuda_estimates.mma_call(8192, 2048, 1), cuda_estimates.mma_call(8192, 2048, 17)
     assert (one["detail"]["splits"], one["detail"]["parts"], one["extra_s"], one["partials"]) == (2, 2, 0.0, 0)
     assert tiles["detail"]["parts"] == 1 and tiles["extra_s"] == pytest.approx(600e-9 + 2 * 300e-9)
     loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
-    body = min(l["instructions"] for l in loops if "linear-mma-weights" in l["tags"] and "linear-mma-norm" not in l["tags"])
-    stage_pass = min(l["instructions"] for l in loops if l["tags"] == ["linear-mma-stage"])
+    body, whole, checked = mma_loops(loops)
     issue = {}
     for parts in (1, 4):
         monkeypatch.setattr(cuda_estimates.linear_launch, "mma_parts", lambda splits, rows, parts=parts: parts)
         issue[parts] = cuda_estimates.mma_call(8192, 2048, 16)["detail"]["issue"]
     chunks = 32                                            # a split of 4,096 stored columns
-    by_parts = {p: (body - stage_pass) * chunks / 4 + chunks * stage_pass * 16 * 16 * p / 128 for p in (1, 4)}
+    products = body["instructions"] - whole["instructions"] - checked["instructions"]
+    by_parts = {p: products * chunks / 4 + chunks * whole["instructions"] * 8 * 16 * p / 128 for p in (1, 4)}
     assert issue[1] / issue[4] == pytest.approx(by_parts[4] / by_parts[1], rel=0.01)
     assert cuda_estimates.resident_warps("linear_mma_int4", 128, cuda_estimates.linear_launch.mma_shared_bytes(4)) == 4
 
