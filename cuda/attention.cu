@@ -101,15 +101,78 @@ __device__ __forceinline__ float att_dot(const float* q, const float* k, int hd)
     return tl_add(tl_add(c0, c1), tl_add(c2, c3));
 }
 
-// Adjacent pairwise sum of f(base) .. f(base + N - 1): tree(N) = tree(first N/2) + tree(last N/2).
+// att_dot where hd is a multiple of 4 and q, k are 16-byte aligned: a step's four elements by
+// one 16-byte shared load of each, into the same four running sums in the same order.
+__device__ __forceinline__ float att_dot4(const float* q, const float* k, int hd) {
+    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+    for (int d = 0; d < hd; d += 4) {
+        // (the tags on both lines: ptxas may give the loads either)
+        const float4 a = *reinterpret_cast<const float4*>(q + d), b = *reinterpret_cast<const float4*>(k + d);   // sass: attention-scores
+        c0 = tl_add(c0, tl_mul(a.x, b.x));                       // sass: attention-scores
+        c1 = tl_add(c1, tl_mul(a.y, b.y));
+        c2 = tl_add(c2, tl_mul(a.z, b.z));
+        c3 = tl_add(c3, tl_mul(a.w, b.w));
+    }
+    return tl_add(tl_add(c0, c1), tl_add(c2, c3));
+}
+
+// The tiles' row stride in floats (launch/attention.py tile_stride, the same rule): where hd is
+// a multiple of 4, hd or hd + 4, whichever is 4 times an odd number, so that 16-byte loads of 8
+// consecutive rows (a quarter-warp's, the scores') fall on 8 distinct groups of 4 banks; else
+// hd | 1 (odd: a warp reading one column of the tile hits 32 banks).
+__device__ __forceinline__ int att_tile_stride(int hd) { return hd % 4 ? (hd | 1) : (hd / 4 % 2 ? hd : hd + 4); }
+
+// Four value columns' sums, added lane by lane.
+struct AttQuad {
+    float v[4];
+};
+__device__ __forceinline__ float att_plus(float a, float b) { return tl_add(a, b); }
+__device__ __forceinline__ AttQuad att_plus(const AttQuad& a, const AttQuad& b) {
+    return AttQuad{{tl_add(a.v[0], b.v[0]), tl_add(a.v[1], b.v[1]), tl_add(a.v[2], b.v[2]), tl_add(a.v[3], b.v[3])}};
+}
+
+// Adjacent pairwise sum of f(base) .. f(base + N - 1): tree(N) = tree(first N/2) + tree(last N/2),
+// of floats or of AttQuads (each lane its own tree, the same order).
 template <int N> struct AttTree {
-    template <typename F> __device__ static __forceinline__ float sum(const F& f, int base) {
-        return tl_add(AttTree<N / 2>::sum(f, base), AttTree<N / 2>::sum(f, base + N / 2));
+    template <typename F> __device__ static __forceinline__ auto sum(const F& f, int base) {
+        return att_plus(AttTree<N / 2>::sum(f, base), AttTree<N / 2>::sum(f, base + N / 2));
     }
 };
 template <> struct AttTree<1> {
-    template <typename F> __device__ static __forceinline__ float sum(const F& f, int base) { return f(base); }
+    template <typename F> __device__ static __forceinline__ auto sum(const F& f, int base) { return f(base); }
 };
+
+// AttTree<64> of f as 64 / LEAVES trees of LEAVES in a loop the compiler keeps, added as the tree
+// adds them: tree s joins the open sum of each level whose bit of s is 1 (a binary counter), so
+// ((t0 + t1) + (t2 + t3)) + ... Unrolled whole, ptxas loads all 64 leaves' inputs at once (for
+// 4 columns a leaf, 320 registers: it spilled at 255; four trees of 16 took 250). Trees of 8 keep
+// the kernels at 128 registers on sm_90 (4 blocks an SM; 96 with a column a thread before),
+// and 4 leaves give the same bits (tests: ATT_TREE_LEAVES changes none).
+static_assert(TL_BLOCK == 64, "att_tree64 sums a 64-key block");
+#ifndef ATT_TREE_LEAVES
+#define ATT_TREE_LEAVES 8
+#endif
+template <int LEAVES, typename F> __device__ __forceinline__ auto att_tree64(const F& f) {
+    constexpr int TREES = 64 / LEAVES, LEVELS = TREES == 16 ? 4 : TREES == 8 ? 3 : TREES == 4 ? 2 : 1;
+    static_assert(TREES >= 2 && (1 << LEVELS) == TREES, "LEAVES: 4, 8, 16 or 32");
+    decltype(f(0)) open[LEVELS + 1];                      // open[l]: the sum of the last 2^l trees, awaiting its right half
+#pragma unroll 1
+    for (int s = 0; s < TREES; ++s) {
+        auto sum = AttTree<LEAVES>::sum(f, LEAVES * s);
+        bool placed = false;
+#pragma unroll
+        for (int l = 0; l < LEVELS; ++l) {
+            if (placed) continue;
+            if ((s >> l) & 1) sum = att_plus(open[l], sum);
+            else {
+                open[l] = sum;
+                placed = true;
+            }
+        }
+        if (!placed) open[LEVELS] = sum;                  // the last tree: every bit of s is 1
+    }
+    return open[LEVELS];
+}
 
 
 // The merge of query t's chunk partials for kv head g (pass 1's layout) in increasing chunk
@@ -173,6 +236,78 @@ __device__ __forceinline__ bool att_in(const int* lo, const int* hi, int i, int 
     return lo[i] <= b && b <= hi[i] && (only < 0 || only == i);
 }
 
+// Whether query i sees every key of block b (k0 .. k0 + 63): its sums need no mask.
+__device__ __forceinline__ bool att_sees_block(const int* qpos, const int* qlow, int i, int k0) {
+    return k0 >= qlow[i] && k0 + TL_BLOCK - 1 <= qpos[i];
+}
+
+// The value sums of the (query, head)s that see the whole block, 4 columns a thread: a key's
+// probability and one 16-byte load of its 4 values a leaf of four trees, no mask.
+__device__ __forceinline__ void att_values_whole(const float* ps, const float* vtile, float* part, const float* corr,
+                                                 const int* skip, const int* lo, const int* hi, const int* qpos,
+                                                 const int* qlow, int nq, int G, int hd, int stride, int b, int only) {
+    const int k0 = b * TL_BLOCK, part_size = G * hd + 2 * G, per_head = hd / 4, tasks = G * per_head;
+    for (int x = threadIdx.x; x < nq * tasks; x += blockDim.x) {
+        const int i = x / tasks, o = x % tasks, h = o / per_head, w = i * G + h;
+        if (!att_in(lo, hi, i, b, only) || skip[w] || !att_sees_block(qpos, qlow, i, k0)) continue;
+        const float* p = ps + w * TL_BLOCK;
+        const float* v = vtile + 4 * (o - h * per_head);
+        const AttQuad sum = att_tree64<ATT_TREE_LEAVES>([&](int j) {
+            const float pj = p[j];
+            const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values
+            return AttQuad{{tl_mul(pj, vj.x), tl_mul(pj, vj.y), tl_mul(pj, vj.z), tl_mul(pj, vj.w)}};
+        });
+        float* acc = part + i * part_size + 4 * o;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) acc[m] = tl_add(tl_mul(acc[m], corr[w]), sum.v[m]);
+    }
+}
+
+// The rest: the value columns of the (query, head)s that see part of the block (4 columns a
+// thread, masked), or where hd is not a multiple of 4 every (query, head)'s (a column a thread,
+// masked); then per (query, head) the sum of p (masked: all true where it sees the whole block,
+// the same sum).
+__device__ __forceinline__ void att_values_rest(const float* ps, const float* vtile, float* part, const float* corr,
+                                                const int* skip, const int* lo, const int* hi, const int* qpos,
+                                                const int* qlow, int nq, int G, int hd, int stride, int b, int only,
+                                                bool quads) {
+    const int k0 = b * TL_BLOCK, part_size = G * hd + 2 * G, width = quads ? 4 : 1, per_head = hd / width;
+    const int tasks = G * per_head + G;
+    for (int x = threadIdx.x; x < nq * tasks; x += blockDim.x) {
+        const int i = x / tasks, o = x % tasks;
+        if (!att_in(lo, hi, i, b, only)) continue;
+        const bool columns = o < G * per_head;
+        if (columns && quads && att_sees_block(qpos, qlow, i, k0)) continue;   // att_values_whole's
+        const int h = columns ? o / per_head : o - G * per_head, w = i * G + h;
+        if (skip[w]) continue;
+        const float* p = ps + w * TL_BLOCK;
+        const int low = qlow[i], pos = qpos[i];
+        float* acc = part + i * part_size;
+        if (columns && quads) {
+            const float* v = vtile + 4 * (o - h * per_head);
+            const AttQuad sum = att_tree64<ATT_TREE_LEAVES>([&](int j) {
+                const bool in = k0 + j >= low && k0 + j <= pos;
+                const float pj = p[j];
+                const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values-masked
+                return AttQuad{{in ? tl_mul(pj, vj.x) : 0.0f, in ? tl_mul(pj, vj.y) : 0.0f,
+                                in ? tl_mul(pj, vj.z) : 0.0f, in ? tl_mul(pj, vj.w) : 0.0f}};
+            });
+            float* a = acc + 4 * o;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) a[m] = tl_add(tl_mul(a[m], corr[w]), sum.v[m]);
+        } else if (columns) {
+            const float* v = vtile + (o - h * per_head);
+            const float sum = AttTree<TL_BLOCK>::sum([&](int j) {
+                return (k0 + j >= low && k0 + j <= pos) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
+            acc[o] = tl_add(tl_mul(acc[o], corr[w]), sum);
+        } else {
+            const float sum = AttTree<TL_BLOCK>::sum([&](int j) {
+                return (k0 + j >= low && k0 + j <= pos) ? p[j] : 0.0f; }, 0);
+            acc[G * hd + h] = tl_add(tl_mul(acc[G * hd + h], corr[w]), sum);
+        }
+    }
+}
+
 // One 64-key block b, its keys staged in ktile (and its values in vtile, or staged there by
 // stage_values once the scores are taken: one tile), for the block's queries that take part in
 // it: scores, the online softmax and the value sums, each query and head exactly as alone (the
@@ -184,12 +319,16 @@ __device__ void att_block_step(const float* qs, const float* ktile, const float*
                                const StageValues& stage_values) {
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, n_warps = nt >> 5;
     const int k0 = b * TL_BLOCK, part_size = G * hd + 2 * G;
+    // quads: hd a multiple of 4 (the stride too, att_tile_stride), uniform over the launch: the
+    // sums take 16-byte shared loads, four elements each (the same products and sums)
+    const bool quads = hd % 4 == 0;
     // scores (query, head, key): a thread each
     for (int p = tid; p < nq * G * TL_BLOCK; p += nt) {
         const int i = p / (G * TL_BLOCK), h = p / TL_BLOCK % G, j = p % TL_BLOCK, k = k0 + j;
         if (!att_in(lo, hi, i, b, only)) continue;
-        ps[p] = (k >= qlow[i] && k <= qpos[i]) ? att_dot(qs + (i * G + h) * hd, ktile + j * stride, hd)
-                                               : ATT_NEG_INF;
+        const float* qh = qs + (i * G + h) * hd;
+        const float* kj = ktile + j * stride;
+        ps[p] = (k >= qlow[i] && k <= qpos[i]) ? (quads ? att_dot4(qh, kj, hd) : att_dot(qh, kj, hd)) : ATT_NEG_INF;
     }
     __syncthreads();
     // online softmax: a warp per (query, head), each lane two keys (lane, lane + 32)
@@ -215,26 +354,13 @@ __device__ void att_block_step(const float* qs, const float* ktile, const float*
     }
     stage_values();                        // one tile: the keys were last read before the barrier above
     __syncthreads();                       // the probabilities (and the values) are written
-    // acc = acc * corr + tree_j(p_j v_j): a thread per (query, head, d), then per (query, head)
-    // the sum of p
-    for (int x = tid; x < nq * (G * hd + G); x += nt) {
-        const int i = x / (G * hd + G), o = x % (G * hd + G);
-        if (!att_in(lo, hi, i, b, only)) continue;
-        const int h = o < G * hd ? o / hd : o - G * hd, w = i * G + h;
-        if (skip[w]) continue;
-        const float* p = ps + w * TL_BLOCK;
-        const int low = qlow[i], pos = qpos[i];
-        float sum;
-        if (o < G * hd) {
-            const float* v = vtile + (o - h * hd);
-            sum = AttTree<TL_BLOCK>::sum([&](int j) {
-                return (k0 + j >= low && k0 + j <= pos) ? tl_mul(p[j], v[j * stride]) : 0.0f; }, 0);
-        } else {
-            sum = AttTree<TL_BLOCK>::sum([&](int j) { return (k0 + j >= low && k0 + j <= pos) ? p[j] : 0.0f; }, 0);
-        }
-        float* acc = part + i * part_size;
-        acc[o] = tl_add(tl_mul(acc[o], corr[w]), sum);
-    }
+    // acc = acc * corr + tree_j(p_j v_j): a thread per (query, head, 4 columns) (per column
+    // where hd is not a multiple of 4), then per (query, head) the sum of p. Two passes: first
+    // the (query, head)s that see all 64 keys of the block (every block of a query but its
+    // first and last), whose trees take no mask, then the rest; the same products and sums.
+    // No barrier between them: each writes its own elements of part
+    if (quads) att_values_whole(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only);
+    att_values_rest(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only, quads);
     __syncthreads();
 }
 
@@ -251,7 +377,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
                                int per_token_tables) {
     const int t0 = blockIdx.x * qb, g = blockIdx.y, z = blockIdx.z, G = group, tid = threadIdx.x, nt = blockDim.x;
     const int nq = n_queries - t0 < qb ? n_queries - t0 : qb;
-    const int stride = hd | 1;             // odd row stride: a warp reading one column of the tile hits 32 banks
+    const int stride = att_tile_stride(hd);   // a multiple of 4 where hd is, else odd
     const int part_size = G * hd + 2 * G;
     // tiles = 2: keys and values staged together; 1 (a device whose shared memory cannot hold
     // two at this head size): the values replace the keys once the scores are taken
@@ -404,7 +530,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
 
 // The dynamic shared array is declared outside the templates: the CPU harness (tests/cudasim)
 // only resolves `extern __shared__` declared outside templates.
-extern __shared__ float att_smem[];
+extern __shared__ __align__(16) float att_smem[];
 
 #define ATT_TAIL_ARGS const int* blocks, int n_kv, int n_rows, int hd, int group, const int* positions, int window, \
     int ring_blocks, const int* shared_end, const int* tail_rows, int tail_len, int has_tail, float scale, \

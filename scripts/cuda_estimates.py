@@ -233,9 +233,40 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
     elif staged := [l for l in loops if "attention-stage" in l["tags"]]:
         loop = min(staged, key=lambda l: l["rounds"])          # a decode's blocks, not a tree's tail
     else:
-        loop = max(loops, key=lambda l: l["instructions"])      # the element loader's row loop
+        # the element loader's row loop (not the sums' loops, tagged too)
+        tiles = [l for l in loops if "attention-tile" in l["tags"]] or loops
+        loop = max(tiles, key=lambda l: l["instructions"])
     return LoopFigures(loop["instructions"], loop["load_bytes_per_lane"] + loop["async_bytes_per_lane"],
                        loop["rounds"])
+
+
+# attention.cu's value sums: a loop iteration is a tree of ATT_TREE_LEAVES keys (its #define) for
+# the 4 value columns a thread takes (16-byte loads where hd is a multiple of 4)
+ATT_TREE_LEAVES = int(re.search(r"#define ATT_TREE_LEAVES (\d+)",
+                                (ROOT / "cuda" / "attention.cu").read_text()).group(1))
+ATT_VALUE_COLUMNS = 4
+# the arithmetic alone (a multiply and an add for a score's element, and again for a value's):
+# the figure where the machine code has no tagged loops for the sums
+ATT_SUM_ARITHMETIC = 4
+
+
+def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
+    """Warp instructions a thread issues per (query, head, key, d) element of attention's sums,
+    from the machine code: the scores' dot product (the innermost tagged attention-scores loop
+    with the most float operations: its unrolled body, a multiply and an add an element) plus
+    the value sums (the tagged attention-values loop: a tree of ATT_TREE_LEAVES keys of 4
+    columns an iteration, the blocks a query sees whole; the masked loop of its last block and
+    each score's and task's index arithmetic, under 4 % of a 1k-context sum, not counted)."""
+    kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
+    loops = kernels.get(kernel, {}).get("loops", [])
+    scores = [l for l in loops if l["tags"] == ["attention-scores"] and l["float_ops"]
+              and not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"] for o in loops)]
+    values = [l for l in loops if l["tags"] == ["attention-values"]]
+    if not scores or not values:
+        return ATT_SUM_ARITHMETIC
+    dot = max(scores, key=lambda l: l["float_ops"])
+    tree = min(values, key=lambda l: l["instructions"])
+    return dot["instructions"] / (dot["float_ops"] / 2) + tree["instructions"] / (ATT_TREE_LEAVES * ATT_VALUE_COLUMNS)
 
 
 def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: str | None = None) -> dict | None:
@@ -457,9 +488,10 @@ def latency_rows(s: dict, sass: dict | None = None, rows: int = 1, mma: bool = F
                 detail = expected_fraction(loop, resident_warps(kernel, 128, attention_shared(s, sass)),
                                            blocks_launched * 4)
             nbytes *= 1 if shares else rows
-            # the sums: a multiply and an add per (query, head, key, d) for the scores and again
-            # for the values, a thread each; over the SMs the launch's blocks occupy
-            sums = rows * s["heads"] * context * s["hd"] * 4 / 32
+            # the sums: per (query, head, key, d) the instructions a thread issues for its
+            # score's element and its value's (attention_sum_instructions, from the machine
+            # code), 32 threads a warp instruction; over the SMs the launch's blocks occupy
+            sums = rows * s["heads"] * context * s["hd"] * attention_sum_instructions(kernel, sass) / 32
             issue_s = sums / (ISSUE_PER_SM * SM_CLOCK_HZ * min(SMS, blocks_launched))
             if detail and issue_s > nbytes / (HBM * detail["fraction"]):
                 detail = {**detail, "fraction": nbytes / (HBM * issue_s), "bound": "sums"}

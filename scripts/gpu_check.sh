@@ -63,12 +63,14 @@ stage kernels 80 env TINYLOOP_TEST_DEVICE=cuda python3 -m pytest -q -p no:cachep
 SANITIZE_TESTS="(test_tree_of_65_nodes and fp16) or (test_ring_seam_inside_a_chunk and int4) \
 or (test_kv_write_int4h and 128) or (test_rope and 65) or test_top_k_edges or test_embed_rows \
 or (test_rows_kernel_equals_twin and float16-16) or (test_tensor_core_kernel_close and int4-float16) \
-or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17) \
+or (test_norms_match and rms-65) or (test_mma_kernel_equals_twin and 576-32-17-misaligned) \
 or (test_splits_of_several_batches and 1-150-1280-17) or (test_one_kv_write_for_several and int8) \
 or (test_one_attention_launch_for_several and 70-int4-h) or (test_a_folded_kv_write and 5-64-2-64-300-None-True-int4-h) \
 or (test_the_pair_gives_the_bits_of_the_two_launches and rms-False-False-1-256-192-300-None) \
 or (test_a_folded_norm_gives_the_bits_of_the_norm_launch_then_linear_mma and False-layer-True-3-2200-32) \
-or (test_a_blocks_parts_change_no_bit and 70-640-1) \
+or (test_a_blocks_parts_change_no_bit and 70-640-1-misaligned) \
+or (test_a_blocks_parts_change_no_bit and 64-1536-16-aligned) or (test_mma_kernel_equals_twin and 1024-64-16-aligned) \
+or (test_attention_equals_twin_and_approximates_cpu and fp16-128-2-2-16-200) \
 or (test_a_folded_kv_write_on_tensor_core_rows and 17-64-2-64-600-True-int4-h)"
 for tool in memcheck racecheck synccheck initcheck; do
     stage "sanitize_$tool" 25 bash -c '

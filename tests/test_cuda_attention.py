@@ -120,8 +120,11 @@ def bits_equal(a, b) -> bool:
     return np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32))
 
 
-CASES = [  # (head_dim, n_kv, group, n_queries, last position): several 64-key blocks each
-    (64, 1, 4, 1, 250), (128, 2, 2, 16, 200), (16, 4, 1, 65, 255), (48, 2, 3, 16, 140)]
+CASES = [  # (head_dim, n_kv, group, n_queries, last position): several 64-key blocks each; the
+    # tiles' stride (att_tile_stride) hd + 4 (64, 128, 16, 48), hd (20: 4 times an odd number), or
+    # odd where hd is not a multiple of 4 (10: the sums a column at a time)
+    (64, 1, 4, 1, 250), (128, 2, 2, 16, 200), (16, 4, 1, 65, 255), (48, 2, 3, 16, 140), (20, 2, 2, 16, 200),
+    (10, 1, 3, 5, 130)]
 
 
 @pytest.mark.parametrize("mode, head_dim, n_kv, group, n_queries, last",
@@ -251,6 +254,34 @@ def test_long_context(kernel_device, mode):
 
 
 # -- split context -----------------------------------------------------------------------------
+def test_the_launchers_tile_stride_is_the_kernels(tmp_path):
+    """launch/attention.py tile_stride sizes the dynamic shared memory and cuda/attention.cu
+    att_tile_stride lays the tiles out in it: the kernel's function, compiled by the host
+    compiler, equals the launcher's for every head size to 300 (a kernel stride past the
+    launcher's would run past the shared memory, which the harness does not bound). And the
+    rule's reasons: at least hd; where hd is a multiple of 4 a multiple of 4 too (16-byte loads)
+    whose 8 consecutive rows (a quarter-warp's 16-byte loads) start in 8 distinct groups of 4
+    banks; else odd (32 rows of a column in 32 banks)."""
+    import subprocess
+    from cudasim.build import CXX
+    source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()
+    body = re.search(r"__device__ __forceinline__ int att_tile_stride\(int hd\) (\{.*?\})\n", source).group(1)
+    program = tmp_path / "stride.cpp"
+    program.write_text("#include <cstdio>\nint att_tile_stride(int hd) " + body +
+                       "\nint main() { for (int hd = 1; hd <= 300; ++hd) std::printf(\"%d\\n\", att_tile_stride(hd)); }\n")
+    subprocess.run([CXX, "-o", str(tmp_path / "stride"), str(program)], check=True)
+    kernel_strides = [int(v) for v in subprocess.run([str(tmp_path / "stride")], check=True, capture_output=True,
+                                                     text=True).stdout.split()]
+    assert kernel_strides == [launch.tile_stride(hd) for hd in range(1, 301)]
+    for hd in range(1, 301):
+        stride = launch.tile_stride(hd)
+        assert stride >= hd
+        if hd % 4:
+            assert stride % 2 == 1
+        else:
+            assert stride % 4 == 0 and len({(r * stride) % 32 // 4 for r in range(8)}) == 8
+
+
 def test_chunk_size_is_one_constant():
     """The kernel's ATT_CHUNK_BLOCKS, the twin's and the launcher's CHUNK_BLOCKS agree."""
     source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()

@@ -67,7 +67,7 @@ def on_gpu(device) -> bool:
 
 
 # -- bit for bit against the twin (the harness runs the mma stand-in the twin spells out) ---------
-@pytest.mark.parametrize("x_pad", [(3, 1), (4, 4)])
+@pytest.mark.parametrize("x_pad", [(3, 1), (4, 4)], ids=["misaligned", "aligned"])
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 33])
 @pytest.mark.parametrize("n_in,group", [(576, 32), (100, 32), (1024, 64), (640, 128)])
 def test_mma_kernel_equals_twin(kernel_device, rows, n_in, group, x_pad):
@@ -122,7 +122,7 @@ def launched_parts(monkeypatch) -> list:
     return parts
 
 
-@pytest.mark.parametrize("x_pad", [(1, 2), (4, 4)])
+@pytest.mark.parametrize("x_pad", [(1, 2), (4, 4)], ids=["misaligned", "aligned"])
 @pytest.mark.parametrize("n_out,n_in,rows", [(70, 640, 1), (150, 1280, 5), (64, 1280, 16), (150, 576, 17),
                                              (64, 1536, 16), (150, 1536, 5), (150, 768, 16)])
 def test_a_blocks_parts_change_no_bit(kernel_device, monkeypatch, n_out, n_in, rows, x_pad):

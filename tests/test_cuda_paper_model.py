@@ -352,3 +352,31 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
         assert timed[up]["us"] - apart[up_apart]["us"] == pytest.approx((handoff + slower) * 1e6)
     int8 = dict(cuda_estimates.SHAPES["doc-407m (8 loops)"], core_bits=8)
     assert cuda_estimates.launches(cuda_estimates.step_rows(int8, paired=True)) == 173   # no int8 pair
+
+
+def test_attention_sums_cost_the_machine_codes_instructions():
+    """A verify's attention is bound by its sums: per (query, head, key, d) element, the score's
+    instructions (the innermost tagged scores loop with the most float operations, a multiply and
+    an add an element) plus the value's (the tagged values loop, a tree of ATT_TREE_LEAVES keys of
+    4 columns an iteration). Worked by hand on a fake machine code; without tagged loops the
+    arithmetic alone (4). The committed machine code lies between that and the kernel's before
+    its 16-byte sums (4.6 + 16.3, read from its SASS). The 16-row step's attention takes that
+    many instructions over the SMs its blocks occupy."""
+    fake = {"kernels": {"attention_fp16": {"loops": [
+        {"start": 0, "end": 100, "tags": ["attention-scores"], "instructions": 500, "float_ops": 300},  # holds the next two
+        {"start": 10, "end": 20, "tags": ["attention-scores"], "instructions": 80, "float_ops": 64},
+        {"start": 30, "end": 40, "tags": ["attention-scores"], "instructions": 30, "float_ops": 16},
+        {"start": 200, "end": 300, "tags": ["attention-values"], "instructions": 160, "float_ops": 72},
+        {"start": 400, "end": 500, "tags": ["attention-values-masked"], "instructions": 220, "float_ops": 72}]}}}
+    leaves = cuda_estimates.ATT_TREE_LEAVES
+    assert leaves == 8
+    assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(80 / 32 + 160 / (leaves * 4))
+    assert cuda_estimates.attention_sum_instructions("attention_fp16", {"kernels": {}}) == 4
+    saved = cuda_estimates.attention_sum_instructions("attention_fp16")
+    assert 4 < saved < 4.6 + 16.3
+    doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
+    attention = [r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True) if r["kernel"].startswith("attention_fp16")]
+    blocks = doc["kv"] * (1024 // 64)                       # each 64-key block of each kv head: 256, over all 132 SMs
+    issue_s = 16 * doc["heads"] * 1024 * doc["hd"] * saved / 32 / (4 * 1.98e9 * min(132, blocks))
+    assert attention[0]["detail"]["bound"] == "sums"
+    assert attention[0]["fraction"] == pytest.approx(attention[0]["bytes"] / (cuda_estimates.HBM * issue_s))

@@ -30,13 +30,23 @@ QUERIES_PER_BLOCK = 16        # a verify's or a tree's queries served by one pas
 SHARED_BUDGET = 96 * 1024     # the most dynamic shared memory the launcher gives a block for more queries
 
 
+def tile_stride(head_dim: int) -> int:
+    """The key and value tiles' row stride in floats (cuda/attention.cu att_tile_stride): where
+    head_dim is a multiple of 4, head_dim or head_dim + 4, whichever is 4 times an odd number (the
+    sums' 16-byte loads of 8 consecutive rows then fall on 8 distinct groups of 4 banks); else
+    head_dim | 1 (odd: a warp reading one column hits 32 banks)."""
+    if head_dim % 4:
+        return head_dim | 1
+    return head_dim if head_dim // 4 % 2 else head_dim + 4
+
+
 def shared_bytes(group: int, head_dim: int, queries: int = 1, tiles: int = 2) -> int:
     """Dynamic shared memory of one pass-1 block serving `queries` queries: a 64-row tile of keys
-    and one of values (tiles = 2; 1: the values replace the keys) with an odd row stride, then
+    and one of values (tiles = 2; 1: the values replace the keys) at tile_stride, then
     per query its G heads' rotated queries (G, hd), scores (G, 64), sums (G hd + G), max, corr
     and skip (G each), and 5 ints; 2 ints."""
     per_query = 2 * group * head_dim + (ATTENTION_BLOCK + 4) * group + 5
-    return 4 * (tiles * ATTENTION_BLOCK * (head_dim | 1) + queries * per_query + 2)
+    return 4 * (tiles * ATTENTION_BLOCK * tile_stride(head_dim) + queries * per_query + 2)
 
 
 def layout(n_queries: int, group: int, head_dim: int, window: int, ring_blocks: int,
