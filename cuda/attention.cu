@@ -16,7 +16,7 @@
 //
 // One launch per call, or two (launch/attention.py):
 //   pass 1, attention_<mode>: grid (ceil(T / qb), n_kv, max_chunks), block ATT_THREADS (a
-//     multiple of 32), dynamic shared 64 tiles (hd | 1) + qb (2 G hd + 68 G + 5) + 2 floats
+//     multiple of 32), dynamic shared 64 tiles stride + qb (2 G hd + 68 G + 5) + 2 floats (stride: att_tile_stride)
 //     (or ints), tiles = 2 (keys and values together) or 1, G = n_heads / n_kv. Block
 //     (x, g, z) serves queries t = x qb .. x qb + qb - 1 (qb > 1 only without a window: their
 //     chunk z is then the same keys; and only with one block table: a launch with per-token

@@ -181,11 +181,11 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
 // kernels stage it; rounded to half for the mma as the norm kernel's output would be.
 // Parts (the block's splits, 1, 2 or 4 of them, parts_log2 their log): part p's batch, from
 // stored column kb + p split_k, into its own buffer, xs + p MMA_XS_WORDS.
-// Two loops: where a batch's items are all whole (no column past in_features), x float with
-// rows 16-byte aligned and no pre-norm, mma_stage_whole_items (16-byte loads, two rows a pass, addresses
-// moving by strides: 29 instructions a pass on sm_90 where the checked loop takes 88 for one
-// row, cuda/SASS.md); else the checked loop of mma_stage_batch. The same values in the same
-// places either way.
+// Two loops: where x is float with rows 16-byte aligned and no pre-norm, mma_stage_whole_items
+// (16-byte loads, two rows a pass, addresses moving by strides: 29 instructions a pass on sm_90
+// where the checked loop takes 88 for one row, cuda/SASS.md) for every item whose columns lie
+// within in_features, then the few others a row at a time; else the checked loop of
+// mma_stage_batch. The same values in the same places either way.
 
 // An item's 8 inputs from x (16-byte aligned) as its four words, the pairs (x0, x4), (x1, x5),
 // (x2, x6), (x3, x7) rounded to the nearest halves as mma_pack_rn rounds them.
@@ -196,22 +196,10 @@ __device__ __forceinline__ void mma_item_words(const float* x, unsigned int (&wo
     for (int q = 0; q < 4; q++) words[q] = mma_pack_rn(__uint_as_float(lo.w[q]), __uint_as_float(hi.w[q]));   // sass: linear-mma-stage
 }
 
-// The staging of a batch whose items are all whole (no column past in_features) from a float x
-// whose rows are 16-byte aligned: mma_stage_batch's layout and values, in fewer instructions.
-// (A half x, fp16 activations, stays on the checked loop: this loop's half instantiation took
-// linear_mma past its 168 registers, into spills on sm_90 and sm_120.) A thread
-// keeps one item (the block's threads are a multiple of a row's items, rounded up to a power of
-// two) and walks the (row, part) pairs, so its addresses move by a stride; a pass stages rows r
-// and r + 8 of the item (the 8 words rows g and g + 8 share, two 16-byte stores) from 16-byte
-// loads, zeros for a row r + 8 past the call's (an A row no kept output reads). Parts past
-// the block's last (3 of 4 staged) are left alone: no warp sums them, and their columns lie
-// past x's row. A quarter-warp's 8 items store to two groups of banks (slots 0, 4, 8, 12 and
-// 1, 5, 9, 13 of a chunk): a 4-way conflict, against 8-way for the checked loop's 4-byte stores.
-__device__ __forceinline__ void mma_stage_whole_items(const LinearArgs& a, int kb, int items, int item_bits,
-                                                      int parts_log2, int block_parts, int split_k, int row0,
-                                                      int rows, unsigned int* xs) {
-    const int item = threadIdx.x & ((1 << item_bits) - 1);
-    if (item >= items) return;                                   // a row of 3 chunks: 48 of 64
+// mma_stage_whole_items' 16-byte passes for one item (of every part, the edge items excepted).
+__device__ __forceinline__ void mma_stage_items_by_strides(const LinearArgs& a, int kb, int item, int item_bits,
+                                                           int parts_log2, int block_parts, int split_k, int row0,
+                                                           int rows, unsigned int* xs) {
     const int pairs = min(rows, 8);                               // rows r, r + 8 a pass
     const int ch = item >> 4, within = item & 15;                 // within = 4 c + q
     // the (row, part) pairs r parts + p a thread takes are t0, t0 + step, ... (step: the threads of
@@ -225,6 +213,7 @@ __device__ __forceinline__ void mma_stage_whole_items(const LinearArgs& a, int k
     for (int p = t0 & ((1 << parts_log2) - 1); p < block_parts; p += part_step) {
         const float* xr = x + p * split_k;
         unsigned int* at = dst + p * MMA_XS_WORDS;
+        if (kb + p * split_k + item * 8 + 8 > a.in_features) continue;   // an edge item: mma_stage_edge_items'
         for (int r = r0; r < pairs; r += row_step) {
             unsigned int low[4], high[4] = {0u, 0u, 0u, 0u};
             mma_item_words(xr, low);
@@ -238,13 +227,58 @@ __device__ __forceinline__ void mma_stage_whole_items(const LinearArgs& a, int k
     }
 }
 
-// Whether a float x's batch needs the checked loop: x's rows not 16-byte aligned (uniform over
-// the launch), or a column past in_features among the block's parts' items (uniform over the
-// block: the last batch of a short last split, or of a width not a multiple of a chunk).
-__device__ __forceinline__ bool mma_stage_is_checked(const LinearArgs& a, int kb, int items, int block_parts,
-                                                     int split_k) {
-    const bool aligned = (reinterpret_cast<unsigned long long>(a.x) & 15ull) == 0 && a.x_stride % 4 == 0;
-    return !aligned || kb + (block_parts - 1) * split_k + items * 8 > a.in_features;
+// The edge items of mma_stage_whole_items: those with a column past in_features (the last batch
+// of a short last split, or of a width not a multiple of a chunk; with the launcher's padding
+// only the block's last part holds any, but a wider padding would put them in others): items
+// first_edge .. items - 1 of each part, a row of an item a pass, each column checked, zeros
+// past in_features (no load past the row), in the checked loop's places. Every thread takes
+// part, its item's or not.
+__device__ __forceinline__ void mma_stage_edge_items(const LinearArgs& a, int kb, int items, int block_parts,
+                                                     int split_k, int row0, int rows, unsigned int* xs) {
+    for (int p = 0; p < block_parts; p++) {                       // uniform over the block
+        const int col_p = kb + p * split_k;
+        const int first_edge = max(0, (a.in_features - col_p) / 8), edge_items = items - first_edge;
+        for (int e = threadIdx.x; e < rows * edge_items; e += MMA_THREADS) {
+            const int r = e / edge_items, edge = first_edge + (e - r * edge_items);
+            const int col = col_p + edge * 8, ch = edge >> 4, within = edge & 15;
+            const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = col + k < a.in_features ? xr[k] : 0.0f;   // sass: linear-mma-stage-edge
+            unsigned int* to = xs + p * MMA_XS_WORDS + (r & 7) * MMA_XS_PITCH
+                               + (ch * 16 + (within & 3) * 4 + (within >> 2)) * 8 + (r >> 3);
+#pragma unroll
+            for (int q = 0; q < 4; q++) to[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[q], v[q + 4]);
+        }
+    }
+}
+
+// The staging of a batch from a float x whose rows are 16-byte aligned: mma_stage_batch's layout
+// and values, in fewer instructions.
+// (A half x, fp16 activations, stays on the checked loop: this loop's half instantiation took
+// linear_mma past its 168 registers, into spills on sm_90 and sm_120.) A thread
+// keeps one item (the block's threads are a multiple of a row's items, rounded up to a power of
+// two) and walks the (row, part) pairs, so its addresses move by a stride; a pass stages rows r
+// and r + 8 of the item (the 8 words rows g and g + 8 share, two 16-byte stores) from 16-byte
+// loads, zeros for a row r + 8 past the call's (an A row no kept output reads). An item with a
+// column past in_features (a short last split's, or a width's not a multiple of a chunk) is
+// left to the edge loop at the end (mma_stage_edge_items). Parts past
+// the block's last (3 of 4 staged) are left alone: no warp sums them, and their columns lie
+// past x's row. A quarter-warp's 8 items store to two groups of banks (slots 0, 4, 8, 12 and
+// 1, 5, 9, 13 of a chunk): a 4-way conflict, against 8-way for the checked loop's 4-byte stores.
+__device__ __forceinline__ void mma_stage_whole_items(const LinearArgs& a, int kb, int items, int item_bits,
+                                                      int parts_log2, int block_parts, int split_k, int row0,
+                                                      int rows, unsigned int* xs) {
+    const int item = threadIdx.x & ((1 << item_bits) - 1);
+    // a row of 3 chunks: items 48 .. 63 none (their threads go on to the edge loop below)
+    if (item < items) mma_stage_items_by_strides(a, kb, item, item_bits, parts_log2, block_parts, split_k, row0, rows, xs);
+    mma_stage_edge_items(a, kb, items, block_parts, split_k, row0, rows, xs);
+}
+
+// Whether a float x needs the checked loop for all its items: its rows not 16-byte aligned
+// (uniform over the launch).
+__device__ __forceinline__ bool mma_stage_is_checked(const LinearArgs& a) {
+    return (reinterpret_cast<unsigned long long>(a.x) & 15ull) != 0 || a.x_stride % 4 != 0;
 }
 
 // The checked loop: one row of an item a pass, each column checked against in_features, the
@@ -258,7 +292,7 @@ __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int
     const int items = chunks * (MMA_CHUNK / 8);                  // items per row: 16 a chunk
     const int item_bits = chunks > 2 ? 6 : chunks > 1 ? 5 : 4;  // log2 of 16, 32, 64 >= items
     if constexpr (!NORM && sizeof(X) == sizeof(float)) {
-        if (!mma_stage_is_checked(a, kb, items, block_parts, split_k)) {
+        if (!mma_stage_is_checked(a)) {
             mma_stage_whole_items(a, kb, items, item_bits, parts_log2, block_parts, split_k, row0, rows, xs);
             return;
         }

@@ -256,7 +256,9 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
     with the most float operations: its unrolled body, a multiply and an add an element) plus
     the value sums (the tagged attention-values loop: a tree of ATT_TREE_LEAVES keys of 4
     columns an iteration, the blocks a query sees whole; the masked loop of its last block and
-    each score's and task's index arithmetic, under 4 % of a 1k-context sum, not counted)."""
+    each score's and task's index arithmetic, under 4 % of a 1k-context sum, not counted). Every
+    model here has hd a multiple of 4; a head size that is not (the sums a column at a time,
+    masked) would cost more than this."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get(kernel, {}).get("loops", [])
     scores = [l for l in loops if l["tags"] == ["attention-scores"] and l["float_ops"]
@@ -303,14 +305,19 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     batches = -(-chunks // linear_launch.MMA_MAX_CHUNKS)
     # The staging loop a batch runs (mma_stage_batch): with the pre-norm, the normed one (a row of
     # an item a pass); without, the whole-items loop (16-byte loads, rows r and r + 8 of an item
-    # a pass) where every split is whole (n_in a multiple of split_k: no column past in_features;
-    # x's rows 16-byte aligned, as the backend's buffers are), else the checked one (a row of an
-    # item a pass). The batch loop's body holds every staging loop once: the products are the
-    # body less those, and the staging its passes of the loop it runs.
-    staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"])
+    # a pass; x float with its rows 16-byte aligned, as the backend's buffers are: the checked
+    # loop takes misaligned ones), over the block's parts with columns (3 of 4 for 3 splits;
+    # the checked loop stages all 4). Its edge loop (the items with a column past in_features,
+    # a row a pass) is not counted: none for doc-407m's widths, but where in_features is not a
+    # multiple of a chunk it is not small (SmolLM2's 576 inputs: 24 of a part's 32 items, about
+    # 3 passes of 83 instructions a thread at 16 rows against 4.5 of 29). The batch loop's body
+    # holds every staging loop once: the products are the body less those, and the staging its
+    # passes of the loop it runs.
+    staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"],
+                                                        ["linear-mma-stage-edge"])
     nested = [l for l in loops if l["tags"] in staging_tags and body["start"] <= l["start"] and l["end"] <= body["end"]]
-    whole = not norm and n_in % split_k == 0
-    stage = [l for l in loops if l["tags"] == (["linear-mma-stage"] if whole else staging_tags[-1])]
+    whole = not norm
+    stage = [l for l in loops if l["tags"] == (["linear-mma-stage"] if whole else staging_tags[0])]
     stage_pass = min(l["instructions"] for l in stage) if stage else 0
     # a chunk's staging is 16 items (8 columns each) for each row of the call's tile (each pair
     # of rows r, r + 8 in the whole-items loop) and each of the block's parts, over the block's
@@ -318,9 +325,10 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     # an eighth for one row, times the parts
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
     passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if whole else tile_rows
+    staged_parts = min(parts, splits) if whole else parts
     instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
                     / linear_launch.MMA_MAX_CHUNKS
-                    + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * parts
+                    + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * staged_parts
                     / linear_launch.MMA_THREADS)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)

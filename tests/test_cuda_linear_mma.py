@@ -218,12 +218,15 @@ def test_a_refused_opt_in_launches_nothing(kernel_device):
     assert launched == []
 
 
-@pytest.mark.parametrize("target,n_out,n_in,rows", [(1, 150, 1280, 17), (1, 70, 1000, 3), (2, 64, 1280, 1)])
+@pytest.mark.parametrize("target,n_out,n_in,rows", [(1, 150, 1280, 17), (1, 70, 1000, 3), (2, 64, 1280, 1),
+                                                    (2, 64, 700, 6), (2, 64, 700, 16)])
 def test_splits_of_several_batches(kernel_device, monkeypatch, target, n_out, n_in, rows):
     """A split of 10 chunks (batches of 4, 4 and 2: the next batch's weights loading while one
-    is summed, the staging buffers alternating), a partial last chunk (1000 inputs), and two
-    splits of 5 chunks each (a batch of 4 and one of 1, then the reduction): the twin's bits on
-    the harness, and each row alone equals itself among the others."""
+    is summed, the staging buffers alternating), a partial last chunk (1000 inputs), two
+    splits of 5 chunks each (a batch of 4 and one of 1, then the reduction), and two of 3 (700
+    inputs: a batch of 3 chunks, whose threads of items 48 to 63 stage no item of their own but
+    take the edge items, 39 to 47 of the last part, with the rest): the twin's bits on the
+    harness, and each row alone equals itself among the others."""
     monkeypatch.setattr(launch, "MMA_TARGET_BLOCKS", target)
     rng = np.random.default_rng(n_in + rows)
     parts = [int4_part(rng, n_out, n_in)]

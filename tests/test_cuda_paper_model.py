@@ -116,36 +116,40 @@ def test_the_merge_tail_and_the_mma_figures_follow_the_machine_code():
 
 
 def mma_loops(loops):
-    """linear_mma's plain batch loop and the two staging loops inside it, from the machine code."""
+    """linear_mma's plain batch loop and the staging loops inside it (the whole-items loop, its
+    edge loop, the checked loop), from the machine code."""
     body = min((l for l in loops if "linear-mma-weights" in l["tags"] and "linear-mma-norm" not in l["tags"]),
                key=lambda l: l["instructions"])
     inside = [l for l in loops if body["start"] <= l["start"] and l["end"] <= body["end"]]
     whole = [l for l in inside if l["tags"] == ["linear-mma-stage"]]
+    edge = [l for l in inside if l["tags"] == ["linear-mma-stage-edge"]]
     checked = [l for l in inside if l["tags"] == ["linear-mma-stage-checked"]]
-    assert len(whole) == len(checked) == 1
-    return body, whole[0], checked[0]
+    assert len(whole) == len(edge) == len(checked) == 1
+    return body, whole[0], edge[0], checked[0]
 
 
-def test_whole_splits_stage_two_rows_a_pass_and_others_one():
-    """Where every split is whole (n_in a multiple of split_k: doc-407m's 2,048 and 8,192 inputs)
-    a batch runs the whole-items loop, a pair of rows (r, r + 8) a pass; else (SmolLM2's 576
-    inputs: 3 splits of 256, the last 64) the checked loop, a row a pass. Worked from the
-    machine code at 16 rows and 1 (a pass for one row either way): the whole-items loop takes
-    fewer instructions a pass, and half the passes at 16 rows."""
+def test_the_staging_runs_two_rows_a_pass():
+    """A float x's batch runs the whole-items loop, a pair of rows (r, r + 8) a pass: doc-407m's
+    weights, and SmolLM2's 576 inputs (3 splits of 256, the last 64: its edge items, past
+    in_features, a row a pass in the edge loop, not counted). Worked from the machine code at 16
+    rows and 1 (one row a pass at one row): the products are the batch loop less its three
+    staging loops, and the whole-items loop takes fewer instructions a pass than half the
+    checked loop's."""
     loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
-    body, whole, checked = mma_loops(loops)
+    body, whole, edge, checked = mma_loops(loops)
     assert whole["instructions"] < checked["instructions"] / 2
     assert whole["widths"].get("16", 0) == 4 and whole["shared_stores"] == 2
-    products = body["instructions"] - whole["instructions"] - checked["instructions"]
+    products = body["instructions"] - whole["instructions"] - edge["instructions"] - checked["instructions"]
 
     def expected(n_in, n_out, rows, stage, passes_rows):
         split_k = cuda_estimates.linear_launch.mma_split_k(n_in, n_out)
         chunks = split_k // 128
-        parts = cuda_estimates.linear_launch.mma_parts(-(-n_in // split_k), rows)
+        splits = -(-n_in // split_k)
+        parts = min(cuda_estimates.linear_launch.mma_parts(splits, rows), splits)   # 3 splits: 3 of 4 parts staged
         return products * chunks / 4 + chunks * stage * passes_rows * 16 * parts / 128
 
     for n_in, n_out, stage, pair in ((2048, 6144, whole, True), (8192, 2048, whole, True),
-                                     (576, 960, checked, False)):
+                                     (576, 960, whole, True)):
         for rows in (1, 16):
             call = cuda_estimates.mma_call(n_in, n_out, rows)
             instructions = expected(n_in, n_out, rows, stage["instructions"], min(rows, 8) if pair else rows)
@@ -160,23 +164,24 @@ def test_a_blocks_parts_cost_no_round_trip_and_multiply_the_staging(monkeypatch)
     """linear_mma's splits: doc-407m's down projection (32 column blocks of 64) takes 2 splits,
     both in one block (2 parts: no partials, no round trip); past a tile of rows (17) one split
     a block, whose sum costs the counter's round trip and one from L2 a split. A block stages
-    each of its parts' inputs: at 16 rows, 4 parts issue the staging passes 4 times (worked from
+    each of its parts' inputs: at 16 rows, more parts issue more staging passes (worked from
     the machine code's batch loop and staging loops: the body less both staging loops a batch,
     plus the whole-items loop's passes, 8 pairs of rows x 16 items a chunk over 128 threads,
-    times the parts). And the staging buffers (2 x 16.1 KiB a part) leave an SM one block of 4
-    parts."""
+    times the parts that hold a split: 4 parts over the down projection's 2 splits stage 2). And
+    the staging buffers (2 x 16.1 KiB a part) leave an SM one block of 4 parts."""
     one, tiles = cuda_estimates.mma_call(8192, 2048, 1), cuda_estimates.mma_call(8192, 2048, 17)
     assert (one["detail"]["splits"], one["detail"]["parts"], one["extra_s"], one["partials"]) == (2, 2, 0.0, 0)
     assert tiles["detail"]["parts"] == 1 and tiles["extra_s"] == pytest.approx(600e-9 + 2 * 300e-9)
     loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
-    body, whole, checked = mma_loops(loops)
+    body, whole, edge, checked = mma_loops(loops)
     issue = {}
     for parts in (1, 4):
         monkeypatch.setattr(cuda_estimates.linear_launch, "mma_parts", lambda splits, rows, parts=parts: parts)
         issue[parts] = cuda_estimates.mma_call(8192, 2048, 16)["detail"]["issue"]
     chunks = 32                                            # a split of 4,096 stored columns
-    products = body["instructions"] - whole["instructions"] - checked["instructions"]
-    by_parts = {p: products * chunks / 4 + chunks * whole["instructions"] * 8 * 16 * p / 128 for p in (1, 4)}
+    products = body["instructions"] - whole["instructions"] - edge["instructions"] - checked["instructions"]
+    # the parts that hold a split: 4 parts over 2 splits stage 2
+    by_parts = {p: products * chunks / 4 + chunks * whole["instructions"] * 8 * 16 * min(p, 2) / 128 for p in (1, 4)}
     assert issue[1] / issue[4] == pytest.approx(by_parts[4] / by_parts[1], rel=0.01)
     assert cuda_estimates.resident_warps("linear_mma_int4", 128, cuda_estimates.linear_launch.mma_shared_bytes(4)) == 4
 
@@ -185,7 +190,7 @@ def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_row
     """TINYLOOP_CUDA_MMA_ROWS: the pre-norm rides on linear_mma (qkv, up, head) for up to
     MMA_NORM_FOLD_MAX_ROWS rows, as the backend does, and the KV write on its qkv call: a
     doc-407m decode step launches no norm and no kv_write (173 launches, as on the rows kernels),
-    a 16-row verify the 69 norms. A normed call issues more instructions than a plain one (its staging, from the
+    a 16-row verify the 69 norms. A normed call of 4 rows issues more instructions than a plain one (its staging, from the
     machine code's normed loop); its statistics (a warp's rows, two passes each for layer norm,
     from L2) are hidden by the first batch's DRAM round trip up to one row a warp, and past it
     cost the rest (worked by hand: 16 rows, 4 a warp, 8 round trips of 300 ns less 600). A call
@@ -202,9 +207,11 @@ def test_tensor_core_rows_fold_the_norm_up_to_four_rows_and_stage_only_their_row
     assert sum(1 for r in one if r["kernel"].startswith("linear_mma")) == 5        # qkv, out, up, down, head
     sixteen = {r["kernel"]: r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True)}
     assert sixteen["layer_norm"]["calls"] == 69
-    plain, normed = cuda_estimates.mma_call(2048, 6144, 1), cuda_estimates.mma_call(2048, 6144, 1, norm="layer")
+    # at the most rows the fold takes, 4 (at one row the normed pass, a sixteenth of a tile's,
+    # weighs about what the plain batch's setup of its staging loops does)
+    plain, normed = cuda_estimates.mma_call(2048, 6144, 4), cuda_estimates.mma_call(2048, 6144, 4, norm="layer")
     assert normed["detail"]["issue"] < plain["detail"]["issue"]
-    assert plain["detail"]["issue"] > cuda_estimates.mma_call(2048, 6144, 16)["detail"]["issue"]
+    assert cuda_estimates.mma_call(2048, 6144, 1)["detail"]["issue"] > cuda_estimates.mma_call(2048, 6144, 16)["detail"]["issue"]
     assert cuda_estimates.mma_call(2048, 6144, 4, norm="layer")["extra_s"] == 0.0
     assert cuda_estimates.mma_call(2048, 6144, 16, norm="layer")["extra_s"] == pytest.approx(8 * 300e-9 - 600e-9)
     assert cuda_estimates.mma_call(2048, 6144, 16, norm="rms")["extra_s"] == pytest.approx(4 * 300e-9 - 600e-9)
