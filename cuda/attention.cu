@@ -241,8 +241,27 @@ __device__ __forceinline__ bool att_sees_block(const int* qpos, const int* qlow,
     return k0 >= qlow[i] && k0 + TL_BLOCK - 1 <= qpos[i];
 }
 
-// The value sums of the (query, head)s that see the whole block, 4 columns a thread: a key's
-// probability and one 16-byte load of its 4 values a leaf of four trees, no mask.
+// Four value columns' tree over the block's 64 keys (from v, the first column's, rows `stride`
+// apart): a key's probability and one 16-byte load of its 4 values a leaf of four trees; MASKED:
+// the keys past the query's visible range (low .. pos) add 0, as the one-column tree's do.
+template <bool MASKED>
+__device__ __forceinline__ AttQuad att_quad_sums(const float* p, const float* v, int stride, int k0, int low, int pos) {
+    return att_tree64<ATT_TREE_LEAVES>([&](int j) {
+        const bool in = !MASKED || (k0 + j >= low && k0 + j <= pos);
+        const float pj = p[j];
+        const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values
+        return AttQuad{{in ? tl_mul(pj, vj.x) : 0.0f, in ? tl_mul(pj, vj.y) : 0.0f,
+                        in ? tl_mul(pj, vj.z) : 0.0f, in ? tl_mul(pj, vj.w) : 0.0f}};
+    });
+}
+
+// acc[m] = acc[m] corr + sum[m] for a task's 4 value columns.
+__device__ __forceinline__ void att_rescale_add4(float* acc, float corr, const AttQuad& sum) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[m] = tl_add(tl_mul(acc[m], corr), sum.v[m]);
+}
+
+// The value sums of the (query, head)s that see the whole block, 4 columns a thread, no mask.
 __device__ __forceinline__ void att_values_whole(const float* ps, const float* vtile, float* part, const float* corr,
                                                  const int* skip, const int* lo, const int* hi, const int* qpos,
                                                  const int* qlow, int nq, int G, int hd, int stride, int b, int only) {
@@ -250,16 +269,8 @@ __device__ __forceinline__ void att_values_whole(const float* ps, const float* v
     for (int x = threadIdx.x; x < nq * tasks; x += blockDim.x) {
         const int i = x / tasks, o = x % tasks, h = o / per_head, w = i * G + h;
         if (!att_in(lo, hi, i, b, only) || skip[w] || !att_sees_block(qpos, qlow, i, k0)) continue;
-        const float* p = ps + w * TL_BLOCK;
-        const float* v = vtile + 4 * (o - h * per_head);
-        const AttQuad sum = att_tree64<ATT_TREE_LEAVES>([&](int j) {
-            const float pj = p[j];
-            const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values
-            return AttQuad{{tl_mul(pj, vj.x), tl_mul(pj, vj.y), tl_mul(pj, vj.z), tl_mul(pj, vj.w)}};
-        });
-        float* acc = part + i * part_size + 4 * o;
-#pragma unroll
-        for (int m = 0; m < 4; ++m) acc[m] = tl_add(tl_mul(acc[m], corr[w]), sum.v[m]);
+        const AttQuad sum = att_quad_sums<false>(ps + w * TL_BLOCK, vtile + 4 * (o - h * per_head), stride, k0, 0, 0);
+        att_rescale_add4(part + i * part_size + 4 * o, corr[w], sum);
     }
 }
 
@@ -284,17 +295,7 @@ __device__ __forceinline__ void att_values_rest(const float* ps, const float* vt
         const int low = qlow[i], pos = qpos[i];
         float* acc = part + i * part_size;
         if (columns && quads) {
-            const float* v = vtile + 4 * (o - h * per_head);
-            const AttQuad sum = att_tree64<ATT_TREE_LEAVES>([&](int j) {
-                const bool in = k0 + j >= low && k0 + j <= pos;
-                const float pj = p[j];
-                const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values-masked
-                return AttQuad{{in ? tl_mul(pj, vj.x) : 0.0f, in ? tl_mul(pj, vj.y) : 0.0f,
-                                in ? tl_mul(pj, vj.z) : 0.0f, in ? tl_mul(pj, vj.w) : 0.0f}};
-            });
-            float* a = acc + 4 * o;
-#pragma unroll
-            for (int m = 0; m < 4; ++m) a[m] = tl_add(tl_mul(a[m], corr[w]), sum.v[m]);
+            att_rescale_add4(acc + 4 * o, corr[w], att_quad_sums<true>(p, vtile + 4 * (o - h * per_head), stride, k0, low, pos));
         } else if (columns) {
             const float* v = vtile + (o - h * per_head);
             const float sum = AttTree<TL_BLOCK>::sum([&](int j) {

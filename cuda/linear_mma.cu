@@ -187,6 +187,22 @@ __device__ __forceinline__ void mma_load_batch(const MmaLane& l, int kb, MmaBatc
 // within in_features, then the few others a row at a time; else the checked loop of
 // mma_stage_batch. The same values in the same places either way.
 
+// Where row r of item `item` of part p lies in the staging buffers: its item's slot (16 ch + 4 q + c
+// for lane c's word q of chunk ch), row g = r % 8's words, the odd ones for r >= 8.
+__device__ __forceinline__ unsigned int* mma_item_at(unsigned int* xs, int p, int r, int item) {
+    const int ch = item >> 4, within = item & 15;                 // within = 4 c + q
+    return xs + p * MMA_XS_WORDS + (r & 7) * MMA_XS_PITCH + (ch * 16 + (within & 3) * 4 + (within >> 2)) * 8
+           + (r >> 3);
+}
+
+// One row of an item, its 8 inputs v (stored columns x0 .. x7), rounded to halves into its four
+// words at `at` (mma_item_at): pair q at (q / 2) 4 + (q % 2) 2, the pairs (x0, x4), (x1, x5) ..
+__device__ __forceinline__ void mma_store_row_words(unsigned int* at, const float (&v)[8]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++)                                    // a half x: exact
+        at[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[mma_stored_offset(2 * q)], v[mma_stored_offset(2 * q + 1)]);
+}
+
 // An item's 8 inputs from x (16-byte aligned) as its four words, the pairs (x0, x4), (x1, x5),
 // (x2, x6), (x3, x7) rounded to the nearest halves as mma_pack_rn rounds them.
 __device__ __forceinline__ void mma_item_words(const float* x, unsigned int (&words)[4]) {
@@ -201,7 +217,6 @@ __device__ __forceinline__ void mma_stage_items_by_strides(const LinearArgs& a, 
                                                            int parts_log2, int block_parts, int split_k, int row0,
                                                            int rows, unsigned int* xs) {
     const int pairs = min(rows, 8);                               // rows r, r + 8 a pass
-    const int ch = item >> 4, within = item & 15;                 // within = 4 c + q
     // the (row, part) pairs r parts + p a thread takes are t0, t0 + step, ... (step: the threads of
     // an item): a fixed part and every (step / parts)-th row where the parts divide the step, every
     // row of every step-th part where the step divides the parts, so its addresses move by strides
@@ -209,10 +224,9 @@ __device__ __forceinline__ void mma_stage_items_by_strides(const LinearArgs& a, 
     const int row_step = max(step >> parts_log2, 1), part_step = min(step, 1 << parts_log2);
     const int r0 = t0 >> parts_log2, stride = a.x_stride;
     const float* x = static_cast<const float*>(a.x) + (long long)(row0 + r0) * stride + kb + item * 8;
-    unsigned int* dst = xs + r0 * MMA_XS_PITCH + (ch * 16 + (within & 3) * 4 + (within >> 2)) * 8;
     for (int p = t0 & ((1 << parts_log2) - 1); p < block_parts; p += part_step) {
         const float* xr = x + p * split_k;
-        unsigned int* at = dst + p * MMA_XS_WORDS;
+        unsigned int* at = mma_item_at(xs, p, r0, item);          // r0 < 8: row g = r0's words
         if (kb + p * split_k + item * 8 + 8 > a.in_features) continue;   // an edge item: mma_stage_edge_items'
         for (int r = r0; r < pairs; r += row_step) {
             unsigned int low[4], high[4] = {0u, 0u, 0u, 0u};
@@ -240,15 +254,12 @@ __device__ __forceinline__ void mma_stage_edge_items(const LinearArgs& a, int kb
         const int first_edge = max(0, (a.in_features - col_p) / 8), edge_items = items - first_edge;
         for (int e = threadIdx.x; e < rows * edge_items; e += MMA_THREADS) {
             const int r = e / edge_items, edge = first_edge + (e - r * edge_items);
-            const int col = col_p + edge * 8, ch = edge >> 4, within = edge & 15;
+            const int col = col_p + edge * 8;
             const float* xr = static_cast<const float*>(a.x) + (long long)(row0 + r) * a.x_stride + col;
             float v[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = col + k < a.in_features ? xr[k] : 0.0f;   // sass: linear-mma-stage-edge
-            unsigned int* to = xs + p * MMA_XS_WORDS + (r & 7) * MMA_XS_PITCH
-                               + (ch * 16 + (within & 3) * 4 + (within >> 2)) * 8 + (r >> 3);
-#pragma unroll
-            for (int q = 0; q < 4; q++) to[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[q], v[q + 4]);
+            mma_store_row_words(mma_item_at(xs, p, r, edge), v);
         }
     }
 }
@@ -337,13 +348,7 @@ __device__ __forceinline__ void mma_stage_batch(const LinearArgs& a, int kb, int
                 for (int e = 0; e < 8; e++) v[e] = col + e < a.in_features ? widen(xr[e]) : 0.0f;
             }
         }
-        // the item's words: pair q of rows g and g + 8 at (q / 2) 4 + (q % 2) 2 + (r >= 8)
-        const int ch = item / 16, within = item % 16;              // within = 4 c + q
-        const int slot = ch * 16 + (within & 3) * 4 + (within >> 2);
-        unsigned int* dst = xs + p * MMA_XS_WORDS + (r & 7) * MMA_XS_PITCH + slot * 8 + (r >> 3);
-#pragma unroll
-        for (int q = 0; q < 4; q++)                                // a half x: exact
-            dst[(q >> 1) * 4 + (q & 1) * 2] = mma_pack_rn(v[mma_stored_offset(2 * q)], v[mma_stored_offset(2 * q + 1)]);
+        mma_store_row_words(mma_item_at(xs, p, r, item), v);
     }
 }
 

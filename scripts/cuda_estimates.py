@@ -254,8 +254,9 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
     """Warp instructions a thread issues per (query, head, key, d) element of attention's sums,
     from the machine code: the scores' dot product (the innermost tagged attention-scores loop
     with the most float operations: its unrolled body, a multiply and an add an element) plus
-    the value sums (the tagged attention-values loop: a tree of ATT_TREE_LEAVES keys of 4
-    columns an iteration, the blocks a query sees whole; the masked loop of its last block and
+    the value sums (the cheaper of the two tagged attention-values loops, att_quad_sums' unmasked
+    one: a tree of ATT_TREE_LEAVES keys of 4 columns an iteration, the blocks a query sees whole;
+    the masked one of its last block and
     each score's and task's index arithmetic, under 4 % of a 1k-context sum, not counted). Every
     model here has hd a multiple of 4; a head size that is not (the sums a column at a time,
     masked) would cost more than this."""
@@ -316,16 +317,16 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"],
                                                         ["linear-mma-stage-edge"])
     nested = [l for l in loops if l["tags"] in staging_tags and body["start"] <= l["start"] and l["end"] <= body["end"]]
-    whole = not norm
-    stage = [l for l in loops if l["tags"] == (["linear-mma-stage"] if whole else staging_tags[0])]
+    two_rows = not norm                  # the whole-items loop's pairs of rows
+    stage = [l for l in loops if l["tags"] == (["linear-mma-stage"] if two_rows else staging_tags[0])]
     stage_pass = min(l["instructions"] for l in stage) if stage else 0
     # a chunk's staging is 16 items (8 columns each) for each row of the call's tile (each pair
     # of rows r, r + 8 in the whole-items loop) and each of the block's parts, over the block's
     # 128 threads: two passes a chunk for a full tile of 16 rows (one in the whole-items loop),
     # an eighth for one row, times the parts
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
-    passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if whole else tile_rows
-    staged_parts = min(parts, splits) if whole else parts
+    passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if two_rows else tile_rows
+    staged_parts = min(parts, splits) if two_rows else parts
     instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
                     / linear_launch.MMA_MAX_CHUNKS
                     + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * staged_parts

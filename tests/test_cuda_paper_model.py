@@ -364,8 +364,8 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
 def test_attention_sums_cost_the_machine_codes_instructions():
     """A verify's attention is bound by its sums: per (query, head, key, d) element, the score's
     instructions (the innermost tagged scores loop with the most float operations, a multiply and
-    an add an element) plus the value's (the tagged values loop, a tree of ATT_TREE_LEAVES keys of
-    4 columns an iteration). Worked by hand on a fake machine code; without tagged loops the
+    an add an element) plus the value's (the cheaper of the two tagged values loops, the unmasked
+    one, a tree of ATT_TREE_LEAVES keys of 4 columns an iteration). Worked by hand on a fake machine code; without tagged loops the
     arithmetic alone (4). The committed machine code lies between that and the kernel's before
     its 16-byte sums (4.6 + 16.3, read from its SASS). The 16-row step's attention takes that
     many instructions over the SMs its blocks occupy."""
@@ -374,7 +374,7 @@ def test_attention_sums_cost_the_machine_codes_instructions():
         {"start": 10, "end": 20, "tags": ["attention-scores"], "instructions": 80, "float_ops": 64},
         {"start": 30, "end": 40, "tags": ["attention-scores"], "instructions": 30, "float_ops": 16},
         {"start": 200, "end": 300, "tags": ["attention-values"], "instructions": 160, "float_ops": 72},
-        {"start": 400, "end": 500, "tags": ["attention-values-masked"], "instructions": 220, "float_ops": 72}]}}}
+        {"start": 400, "end": 500, "tags": ["attention-values"], "instructions": 220, "float_ops": 72}]}}}   # masked
     leaves = cuda_estimates.ATT_TREE_LEAVES
     assert leaves == 8
     assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(80 / 32 + 160 / (leaves * 4))
