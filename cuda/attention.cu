@@ -48,6 +48,10 @@
 #include "attention_load.cuh"
 
 #define ATT_NEG_INF (-tl_inf())
+// launch/attention.py ATT_THREADS: a block's threads. The pass-1 kernels are declared
+// __launch_bounds__(ATT_THREADS, 4): 4 blocks an SM, at most 128 registers, which the decode's
+// bytes in flight need (cuda/README.md); ptxas fits the sums' loops in them without a spill
+#define ATT_THREADS 128
 #define ATT_MERGE_BATCH 16   // chunks whose partials the merge loads at once
 #ifndef ATT_CHUNK_BLOCKS              // (tests compile S = 4 too: several blocks a chunk)
 #define ATT_CHUNK_BLOCKS 1   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
@@ -142,38 +146,48 @@ template <> struct AttTree<1> {
     template <typename F> __device__ static __forceinline__ auto sum(const F& f, int base) { return f(base); }
 };
 
-// AttTree<64> of f as 64 / LEAVES trees of LEAVES in a loop the compiler keeps, added as the tree
-// adds them: tree s joins the open sum of each level whose bit of s is 1 (a binary counter), so
-// ((t0 + t1) + (t2 + t3)) + ... Unrolled whole, ptxas loads all 64 leaves' inputs at once (for
-// 4 columns a leaf, 320 registers: it spilled at 255; four trees of 16 took 250). Trees of 8 keep
-// the kernels at 128 registers on sm_90 (4 blocks an SM; 96 with a column a thread before),
-// and 4 leaves give the same bits (tests: ATT_TREE_LEAVES changes none).
+// AttTree<64> of four value columns as 64 / LEAVES trees of LEAVES keys, in nested loops of two
+// halves the compiler keeps: tree(2n trees) = tree(first n) + tree(last n), the same additions.
+// A loop's sum starts at -0, the identity of an add (-0 + x is x bit for bit, +0, -0 and NaN
+// too), and adds each half: (-0 + first) + second, one add a lane more than the tree and no
+// select. What was tried (sm_90, attention_fp16, instructions an element of the unmasked sums):
+// - unrolled whole, ptxas loads all 64 leaves' inputs at once (320 registers: it spilled);
+// - a loop over 8 trees of 8 joining each to the open sums of its levels (a binary counter)
+//   kept those sums in registers picked at run time: 64 moves and selects a tree, 4.75;
+// - trees of 8 here: 3.2 at 130 registers, which spill at the 128 of 4 blocks an SM;
+// - only the innermost level a loop (the others unrolled): 200 bytes of spills.
+// Trees of 4 here: 3.7 at 128 registers, no spill. 8 or 16 leaves give the same bits (tests:
+// ATT_TREE_LEAVES changes none).
 static_assert(TL_BLOCK == 64, "att_tree64 sums a 64-key block");
 #ifndef ATT_TREE_LEAVES
-#define ATT_TREE_LEAVES 8
+#define ATT_TREE_LEAVES 4
 #endif
-template <int LEAVES, typename F> __device__ __forceinline__ auto att_tree64(const F& f) {
-    constexpr int TREES = 64 / LEAVES, LEVELS = TREES == 16 ? 4 : TREES == 8 ? 3 : TREES == 4 ? 2 : 1;
-    static_assert(TREES >= 2 && (1 << LEVELS) == TREES, "LEAVES: 4, 8, 16 or 32");
-    decltype(f(0)) open[LEVELS + 1];                      // open[l]: the sum of the last 2^l trees, awaiting its right half
+__device__ __forceinline__ AttQuad att_quad_negative_zero() { return AttQuad{{-0.0f, -0.0f, -0.0f, -0.0f}}; }
+template <int TREES, int LEAVES> struct AttLoopTree {
+    template <typename G> __device__ static __forceinline__ AttQuad sum(const G& g, const float* p, const float* v,
+                                                                         int stride) {
+        AttQuad both = att_quad_negative_zero();
+        // the second half's probabilities and values: pointers stepped, not recomputed
+        const int keys = TREES / 2 * LEAVES;
 #pragma unroll 1
-    for (int s = 0; s < TREES; ++s) {
-        auto sum = AttTree<LEAVES>::sum(f, LEAVES * s);
-        bool placed = false;
-#pragma unroll
-        for (int l = 0; l < LEVELS; ++l) {
-            if (placed) continue;
-            if ((s >> l) & 1) sum = att_plus(open[l], sum);
-            else {
-                open[l] = sum;
-                placed = true;
-            }
-        }
-        if (!placed) open[LEVELS] = sum;                  // the last tree: every bit of s is 1
+        for (int half = 0; half < 2; ++half, p += keys, v += keys * stride)   // sass: attention-values-join
+            both = att_plus(both, AttLoopTree<TREES / 2, LEAVES>::sum(g, p, v, stride));
+        return both;
     }
-    return open[LEVELS];
+};
+template <int LEAVES> struct AttLoopTree<1, LEAVES> {
+    template <typename G> __device__ static __forceinline__ AttQuad sum(const G& g, const float* p, const float* v,
+                                                                         int) {
+        return g(p, v);
+    }
+};
+// g(p, v): the tree of the LEAVES keys whose probabilities start at p and values at v (rows
+// `stride` apart)
+template <int LEAVES, typename G>
+__device__ __forceinline__ AttQuad att_tree64(const G& g, const float* p, const float* v, int stride) {
+    static_assert(LEAVES == 4 || LEAVES == 8 || LEAVES == 16, "LEAVES: 4, 8 or 16");
+    return AttLoopTree<64 / LEAVES, LEAVES>::sum(g, p, v, stride);
 }
-
 
 // The merge of query t's chunk partials for kv head g (pass 1's layout) in increasing chunk
 // order, the division, and (rotate = 1: int4-h) the rotation back, into out; os: G hd floats of
@@ -246,13 +260,24 @@ __device__ __forceinline__ bool att_sees_block(const int* qpos, const int* qlow,
 // the keys past the query's visible range (low .. pos) add 0, as the one-column tree's do.
 template <bool MASKED>
 __device__ __forceinline__ AttQuad att_quad_sums(const float* p, const float* v, int stride, int k0, int low, int pos) {
-    return att_tree64<ATT_TREE_LEAVES>([&](int j) {
-        const bool in = !MASKED || (k0 + j >= low && k0 + j <= pos);
-        const float pj = p[j];
-        const float4 vj = *reinterpret_cast<const float4*>(v + j * stride);   // sass: attention-values
-        return AttQuad{{in ? tl_mul(pj, vj.x) : 0.0f, in ? tl_mul(pj, vj.y) : 0.0f,
-                        in ? tl_mul(pj, vj.z) : 0.0f, in ? tl_mul(pj, vj.w) : 0.0f}};
-    });
+    const float* p0 = p;
+    return att_tree64<ATT_TREE_LEAVES>([&](const float* pb, const float* vb) {
+        // the tree's probabilities 4 to a 16-byte load (p: a (query, head)'s 64, 16-byte aligned
+        // as the tiles' and the queries' sizes are multiples of 4 floats where hd is)
+        float pj[ATT_TREE_LEAVES];
+#pragma unroll
+        for (int c = 0; c < ATT_TREE_LEAVES; c += 4) {
+            const float4 p4 = *reinterpret_cast<const float4*>(pb + c);   // sass: attention-values
+            pj[c] = p4.x, pj[c + 1] = p4.y, pj[c + 2] = p4.z, pj[c + 3] = p4.w;
+        }
+        const int j0 = MASKED ? int(pb - p0) : 0;   // the tree's first key in the block
+        return AttTree<ATT_TREE_LEAVES>::sum([&](int c) {
+            const bool in = !MASKED || (k0 + j0 + c >= low && k0 + j0 + c <= pos);
+            const float4 vj = *reinterpret_cast<const float4*>(vb + c * stride);   // sass: attention-values
+            return AttQuad{{in ? tl_mul(pj[c], vj.x) : 0.0f, in ? tl_mul(pj[c], vj.y) : 0.0f,
+                            in ? tl_mul(pj[c], vj.z) : 0.0f, in ? tl_mul(pj[c], vj.w) : 0.0f}};
+        }, 0);
+    }, p, v, stride);
 }
 
 // acc[m] = acc[m] corr + sum[m] for a task's 4 value columns.
@@ -541,13 +566,13 @@ extern __shared__ __align__(16) float att_smem[];
     tail_rows, tail_len, has_tail, scale, partials, max_chunks, vector, merge ? counters : nullptr, out, \
     n_queries, qb, tiles, rotation, has_rotation, table_offsets, per_token_tables
 // Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
-extern "C" __global__ void attention_fp32(const float* q, int q_stride, const float* key_data,
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_fp32(const float* q, int q_stride, const float* key_data,
                                           const float* value_data, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_FP32, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
                                     KVSide{value_data, nullptr, nullptr}, ATT_TAIL_PASS);
 }
-extern "C" __global__ void attention_fp16(const float* q, int q_stride, const __half* key_data,
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_fp16(const float* q, int q_stride, const __half* key_data,
                                           const __half* value_data, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_FP16, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
@@ -556,15 +581,15 @@ extern "C" __global__ void attention_fp16(const float* q, int q_stride, const __
 #define ATT_INT_ARGS const float* q, int q_stride, const unsigned char* key_codes, const __half* key_scale, \
     const __half* key_min, const unsigned char* value_codes, const __half* value_scale, const __half* value_min
 #define ATT_INT_SIDES KVSide{key_codes, key_scale, key_min}, KVSide{value_codes, value_scale, value_min}
-extern "C" __global__ void attention_int8(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int8(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT8, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }
-extern "C" __global__ void attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT4, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }
-extern "C" __global__ void attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT4, true>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }

@@ -240,10 +240,12 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
                        loop["rounds"])
 
 
-# attention.cu's value sums: a loop iteration is a tree of ATT_TREE_LEAVES keys (its #define) for
-# the 4 value columns a thread takes (16-byte loads where hd is a multiple of 4)
+# attention.cu's value sums: a 64-key block's tree over the 4 value columns a thread takes
+# (16-byte loads where hd is a multiple of 4) runs as 64 / ATT_TREE_LEAVES trees of
+# ATT_TREE_LEAVES keys (its #define) in nested loops of two halves (att_tree64)
 ATT_TREE_LEAVES = int(re.search(r"#define ATT_TREE_LEAVES (\d+)",
                                 (ROOT / "cuda" / "attention.cu").read_text()).group(1))
+ATT_TREE_LEVELS = (64 // ATT_TREE_LEAVES).bit_length() - 1
 ATT_VALUE_COLUMNS = 4
 # the arithmetic alone (a multiply and an add for a score's element, and again for a value's):
 # the figure where the machine code has no tagged loops for the sums
@@ -254,22 +256,61 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
     """Warp instructions a thread issues per (query, head, key, d) element of attention's sums,
     from the machine code: the scores' dot product (the innermost tagged attention-scores loop
     with the most float operations: its unrolled body, a multiply and an add an element) plus
-    the value sums (the cheaper of the two tagged attention-values loops, att_quad_sums' unmasked
-    one: a tree of ATT_TREE_LEAVES keys of 4 columns an iteration, the blocks a query sees whole;
-    the masked one of its last block and
-    each score's and task's index arithmetic, under 4 % of a 1k-context sum, not counted). Every
-    model here has hd a multiple of 4; a head size that is not (the sums a column at a time,
-    masked) would cost more than this."""
+    the value sums, att_quad_sums' unmasked tree of the blocks a query sees whole: the cheapest
+    innermost tagged attention-values loop (a tree of ATT_TREE_LEAVES keys) and the
+    ATT_TREE_LEVELS - 1 attention-values-join loops around it, each a loop of two halves, so a
+    64-key block runs level k (0 the outermost) 2^(k+1) times its own instructions (less the
+    loop inside). The masked tree of a query's last block and each score's and task's index
+    arithmetic, under 4 % of a 1k-context sum, are not counted. Every model here has hd a
+    multiple of 4; a head size that is not (the sums a column at a time, masked) would cost
+    more than this."""
     kernels = (sass if sass is not None else sass_loops.read_saved()).get("kernels", {})
     loops = kernels.get(kernel, {}).get("loops", [])
+
+    def inside(inner, outer):
+        return inner is not outer and outer["start"] <= inner["start"] and inner["end"] <= outer["end"]
     scores = [l for l in loops if l["tags"] == ["attention-scores"] and l["float_ops"]
-              and not any(o is not l and l["start"] <= o["start"] and o["end"] <= l["end"] for o in loops)]
-    values = [l for l in loops if l["tags"] == ["attention-values"]]
-    if not scores or not values:
+              and not any(inside(o, l) for o in loops)]
+    trees = [l for l in loops if "attention-values" in l["tags"] and not any(inside(o, l) for o in loops)]
+    if not scores or not trees:
         return ATT_SUM_ARITHMETIC
     dot = max(scores, key=lambda l: l["float_ops"])
-    tree = min(values, key=lambda l: l["instructions"])
-    return dot["instructions"] / (dot["float_ops"] / 2) + tree["instructions"] / (ATT_TREE_LEAVES * ATT_VALUE_COLUMNS)
+    tree = min(trees, key=lambda l: l["instructions"])
+    joins = sorted((l for l in loops if "attention-values-join" in l["tags"] and inside(tree, l)),
+                   key=lambda l: l["end"] - l["start"])[:ATT_TREE_LEVELS - 1]
+    if len(joins) < ATT_TREE_LEVELS - 1:
+        raise ValueError(f"{kernel}: {len(joins)} attention-values-join loops around the tree, "
+                         f"not the {ATT_TREE_LEVELS - 1} of {64 // ATT_TREE_LEAVES} trees")
+    chain = joins[::-1] + [tree]                                  # outermost first
+    issued = sum(2 ** (k + 1) * (level["instructions"] - (chain[k + 1]["instructions"] if k + 1 < len(chain) else 0))
+                 for k, level in enumerate(chain))
+    return dot["instructions"] / (dot["float_ops"] / 2) + issued / (64 * ATT_VALUE_COLUMNS)
+
+
+def mma_edge_passes(n_in: int, n_out: int, rows: int) -> int:
+    """The edge loop's passes a thread makes in the busiest block of a linear_mma call
+    (linear_mma.cu mma_stage_edge_items, in every batch the block stages: for each of its parts,
+    the items of 8 columns with a column past in_features, a (row, item) a thread a pass over the
+    block's threads), the weight's stored columns taken as n_in. 0 where in_features fills every
+    part's items."""
+    L = linear_launch
+    split_k = L.mma_split_k(n_in, n_out)
+    splits = -(-n_in // split_k)
+    parts = L.mma_parts(splits, rows)
+    tile_rows = min(rows, L.MMA_TILE_ROWS)
+    worst = 0
+    for first_split in range(0, splits, parts):
+        block_parts = min(parts, splits - first_split)
+        lead_chunks = -(-min(split_k, n_in - first_split * split_k) // L.MMA_CHUNK)
+        passes = 0
+        for batch in range(-(-lead_chunks // L.MMA_MAX_CHUNKS)):
+            kb = first_split * split_k + batch * L.MMA_MAX_CHUNKS * L.MMA_CHUNK
+            items = min(lead_chunks - batch * L.MMA_MAX_CHUNKS, L.MMA_MAX_CHUNKS) * (L.MMA_CHUNK // 8)
+            for p in range(block_parts):
+                edge_items = items - max(0, (n_in - (kb + p * split_k)) // 8)
+                passes += -(-tile_rows * max(0, edge_items) // L.MMA_THREADS)
+        worst = max(worst, passes)
+    return worst
 
 
 def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: str | None = None) -> dict | None:
@@ -308,12 +349,11 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     # an item a pass); without, the whole-items loop (16-byte loads, rows r and r + 8 of an item
     # a pass; x float with its rows 16-byte aligned, as the backend's buffers are: the checked
     # loop takes misaligned ones), over the block's parts with columns (3 of 4 for 3 splits;
-    # the checked loop stages all 4). Its edge loop (the items with a column past in_features,
-    # a row a pass) is not counted: none for doc-407m's widths, but where in_features is not a
-    # multiple of a chunk it is not small (SmolLM2's 576 inputs: 24 of a part's 32 items, about
-    # 3 passes of 83 instructions a thread at 16 rows against 4.5 of 29). The batch loop's body
-    # holds every staging loop once: the products are the body less those, and the staging its
-    # passes of the loop it runs.
+    # the checked loop stages all 4), and its edge loop (the items with a column past
+    # in_features, a row a pass: mma_edge_passes; none for doc-407m's widths, 3 passes at 16 rows
+    # for SmolLM2's 576 inputs, 24 of the last part's 32 items). The batch loop's body holds
+    # every staging loop once: the products are the body less those, and the staging its passes
+    # of the loops it runs.
     staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"],
                                                         ["linear-mma-stage-edge"])
     nested = [l for l in loops if l["tags"] in staging_tags and body["start"] <= l["start"] and l["end"] <= body["end"]]
@@ -327,10 +367,13 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
     passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if two_rows else tile_rows
     staged_parts = min(parts, splits) if two_rows else parts
+    edge = [l for l in loops if l["tags"] == ["linear-mma-stage-edge"]]
+    edge_s = (min(l["instructions"] for l in edge) * mma_edge_passes(n_in, n_out, rows)
+              if two_rows and edge else 0)
     instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
                     / linear_launch.MMA_MAX_CHUNKS
                     + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * staged_parts
-                    / linear_launch.MMA_THREADS)
+                    / linear_launch.MMA_THREADS + edge_s)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
     # the warps with a split (3 splits on 4 parts leave a warp of each block idle), and of an

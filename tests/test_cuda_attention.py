@@ -143,6 +143,27 @@ def test_attention_equals_twin_and_approximates_cpu(kernel_device, mode, head_di
     np.testing.assert_allclose(got, cpu_attention(kv, q, 1, plan, scale), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("leaves", [8, 16])
+@pytest.mark.parametrize("mode", ["fp16", "int8"])
+def test_the_value_trees_leaves_change_no_bit(kernel_device, monkeypatch, mode, leaves):
+    """att_tree64 sums a 64-key block's values as trees of ATT_TREE_LEAVES keys in nested loops
+    of two halves (each loop's sum from -0); any leaf count is the same adjacent pairwise tree,
+    so the kernel compiled with 8 or 16 leaves gives the shipped kernel's bits, the twin's:
+    16 queries over 4 blocks (the masked passes of their last block, the whole blocks before)
+    and a query alone at a block's last key."""
+    kv = host_cache(mode, 2, 32, 256, seed=leaves)
+    rng = np.random.default_rng(leaves + 1)
+    for n_queries, last in ((16, 200), (1, 191)):
+        q = rng.standard_normal((n_queries, 4, 32)).astype(F)
+        positions = np.arange(last - n_queries + 1, last + 1)
+        shipped = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions)
+        monkeypatch.setattr(sys.modules[__name__], "ATT_OPTIONS", (f"-DATT_TREE_LEAVES={leaves}",))
+        other = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions)
+        monkeypatch.setattr(sys.modules[__name__], "ATT_OPTIONS", ())
+        assert bits_equal(other, shipped)
+        assert bits_equal(shipped, twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, scale=0.125))
+
+
 @pytest.mark.parametrize("mode", ["fp16", "int8", "int4-h"])
 def test_window_across_the_ring_seam(kernel_device, mode):
     """A 256-row ring (4 blocks), window 100: queries at 300..315 read logical 201..315,
@@ -287,6 +308,16 @@ def test_chunk_size_is_one_constant():
     source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()
     defined = int(re.search(r"#define ATT_CHUNK_BLOCKS (\d+)", source).group(1))
     assert defined == twin.CHUNK_BLOCKS == launch.CHUNK_BLOCKS
+
+
+def test_the_launchers_threads_are_the_kernels_bound():
+    """The pass-1 kernels are declared __launch_bounds__(ATT_THREADS, 4) (128 registers: 4
+    blocks an SM); a launch of more threads than ATT_THREADS fails on a GPU, so the launcher's
+    block is the kernel's bound."""
+    source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()
+    assert int(re.search(r"#define ATT_THREADS (\d+)", source).group(1)) == launch.ATT_THREADS
+    bounded = re.findall(r"__global__ void __launch_bounds__\(ATT_THREADS, 4\) (attention_\w+)\(", source)
+    assert sorted(bounded) == sorted(f"attention_{m.replace('-', '')}" for m in MODES)
 
 
 def own_chunks(pos, window, S):

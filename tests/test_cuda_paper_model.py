@@ -130,34 +130,54 @@ def mma_loops(loops):
 
 def test_the_staging_runs_two_rows_a_pass():
     """A float x's batch runs the whole-items loop, a pair of rows (r, r + 8) a pass: doc-407m's
-    weights, and SmolLM2's 576 inputs (3 splits of 256, the last 64: its edge items, past
-    in_features, a row a pass in the edge loop, not counted). Worked from the machine code at 16
-    rows and 1 (one row a pass at one row): the products are the batch loop less its three
-    staging loops, and the whole-items loop takes fewer instructions a pass than half the
-    checked loop's."""
+    weights, and SmolLM2's 576 inputs (3 splits of 256, the last 64: its 24 edge items past
+    in_features a row a pass in the edge loop, 16 x 24 over 128 threads, 3 passes at 16 rows
+    and 1 at one). Worked from the machine code at 16 rows and 1 (one row a pass at one row):
+    the products are the batch loop less its three staging loops, and the whole-items loop
+    takes fewer instructions a pass than half the checked loop's."""
     loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
     body, whole, edge, checked = mma_loops(loops)
     assert whole["instructions"] < checked["instructions"] / 2
     assert whole["widths"].get("16", 0) == 4 and whole["shared_stores"] == 2
     products = body["instructions"] - whole["instructions"] - edge["instructions"] - checked["instructions"]
 
-    def expected(n_in, n_out, rows, stage, passes_rows):
+    def expected(n_in, n_out, rows, stage, passes_rows, edge_passes):
         split_k = cuda_estimates.linear_launch.mma_split_k(n_in, n_out)
         chunks = split_k // 128
         splits = -(-n_in // split_k)
         parts = min(cuda_estimates.linear_launch.mma_parts(splits, rows), splits)   # 3 splits: 3 of 4 parts staged
-        return products * chunks / 4 + chunks * stage * passes_rows * 16 * parts / 128
+        return (products * chunks / 4 + chunks * stage * passes_rows * 16 * parts / 128
+                + edge_passes * edge["instructions"])
 
-    for n_in, n_out, stage, pair in ((2048, 6144, whole, True), (8192, 2048, whole, True),
-                                     (576, 960, whole, True)):
-        for rows in (1, 16):
+    for n_in, n_out, stage, pair, edges in ((2048, 6144, whole, True, (0, 0)), (8192, 2048, whole, True, (0, 0)),
+                                            (576, 960, whole, True, (1, 3))):
+        for rows, edge_passes in zip((1, 16), edges):
+            assert cuda_estimates.mma_edge_passes(n_in, n_out, rows) == edge_passes
             call = cuda_estimates.mma_call(n_in, n_out, rows)
-            instructions = expected(n_in, n_out, rows, stage["instructions"], min(rows, 8) if pair else rows)
+            instructions = expected(n_in, n_out, rows, stage["instructions"], min(rows, 8) if pair else rows,
+                                    edge_passes)
             # issue = 4 x clock x 32 x bytes a lane / instructions / BW_SM: instructions from it
             bytes_lane = cuda_estimates.linear_launch.mma_split_k(n_in, n_out) // 128 * 2 * 20
             got = (cuda_estimates.ISSUE_PER_SM * cuda_estimates.SM_CLOCK_HZ * 32 * bytes_lane
                    / call["detail"]["issue"] / cuda_estimates.BW_SM)
             assert got == pytest.approx(instructions, abs=1), (n_in, rows)
+
+
+def test_the_edge_loops_passes_in_the_busiest_block():
+    """mma_edge_passes, worked by hand from linear_mma.cu's loops: 700 inputs into 64 outputs
+    split as 3 splits of 256 (4 parts, 3 staged); the last part's 32 items from column 512, of
+    which 188 // 8 = 23 lie before in_features: 9 edge items, 16 x 9 = 144 (row, item)s over 128
+    threads: 2 passes at 16 rows, 1 at one row. Past 16 rows (a block a split, a tile of 16 rows
+    a block) SmolLM2's 576 inputs: the third split's block stages its own one chunk (16 items,
+    not part 0's two), columns 512 .. 639, 8 edge items, 16 x 8 = 128: 1 pass a tile.
+    Widths that fill every item: none."""
+    assert cuda_estimates.linear_launch.mma_split_k(700, 64) == 256
+    assert cuda_estimates.mma_edge_passes(700, 64, 16) == 2
+    assert cuda_estimates.mma_edge_passes(700, 64, 1) == 1
+    assert cuda_estimates.linear_launch.mma_parts(3, 32) == 1
+    assert cuda_estimates.mma_edge_passes(576, 960, 32) == 1
+    assert cuda_estimates.mma_edge_passes(2048, 6144, 16) == 0
+    assert cuda_estimates.mma_edge_passes(768, 64, 16) == 0
 
 
 def test_a_blocks_parts_cost_no_round_trip_and_multiply_the_staging(monkeypatch):
@@ -364,23 +384,39 @@ def test_the_paired_step_counts_the_up_projection_without_a_launch():
 def test_attention_sums_cost_the_machine_codes_instructions():
     """A verify's attention is bound by its sums: per (query, head, key, d) element, the score's
     instructions (the innermost tagged scores loop with the most float operations, a multiply and
-    an add an element) plus the value's (the cheaper of the two tagged values loops, the unmasked
-    one, a tree of ATT_TREE_LEAVES keys of 4 columns an iteration). Worked by hand on a fake machine code; without tagged loops the
-    arithmetic alone (4). The committed machine code lies between that and the kernel's before
-    its 16-byte sums (4.6 + 16.3, read from its SASS). The 16-row step's attention takes that
-    many instructions over the SMs its blocks occupy."""
+    an add an element) plus the value's: the unmasked tree (the cheapest innermost tagged values
+    loop, ATT_TREE_LEAVES keys of 4 columns) and the join loops of two halves around it, level k
+    from the outermost run 2^(k+1) times a 64-key block. Worked by hand on a fake machine code
+    (the committed 4 leaves: 16 trees, 4 levels); without tagged loops the arithmetic alone (4);
+    too few join loops around the tree, an error. The committed machine code lies between that
+    and the kernel's before its 16-byte sums (4.6 + 16.3, read from its SASS), below the 2.6 +
+    4.75 of its binary-counter tree. The 16-row step's attention takes that many instructions
+    over the SMs its blocks occupy."""
+    leaves = cuda_estimates.ATT_TREE_LEAVES
+    assert leaves == 4 and cuda_estimates.ATT_TREE_LEVELS == 4
+    join, values = ["attention-values-join", "attention-values"], ["attention-values"]
     fake = {"kernels": {"attention_fp16": {"loops": [
         {"start": 0, "end": 100, "tags": ["attention-scores"], "instructions": 500, "float_ops": 300},  # holds the next two
         {"start": 10, "end": 20, "tags": ["attention-scores"], "instructions": 80, "float_ops": 64},
         {"start": 30, "end": 40, "tags": ["attention-scores"], "instructions": 30, "float_ops": 16},
-        {"start": 200, "end": 300, "tags": ["attention-values"], "instructions": 160, "float_ops": 72},
-        {"start": 400, "end": 500, "tags": ["attention-values"], "instructions": 220, "float_ops": 72}]}}}   # masked
-    leaves = cuda_estimates.ATT_TREE_LEAVES
-    assert leaves == 8
-    assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(80 / 32 + 160 / (leaves * 4))
+        {"start": 200, "end": 300, "tags": join, "instructions": 100},          # the unmasked chain, outermost first
+        {"start": 210, "end": 290, "tags": join, "instructions": 80},
+        {"start": 220, "end": 280, "tags": join, "instructions": 70},
+        {"start": 230, "end": 270, "tags": values, "instructions": 50},
+        {"start": 400, "end": 500, "tags": join, "instructions": 150},          # the masked one
+        {"start": 410, "end": 490, "tags": join, "instructions": 130},
+        {"start": 420, "end": 480, "tags": join, "instructions": 110},
+        {"start": 430, "end": 470, "tags": values, "instructions": 90},
+        {"start": 190, "end": 600, "tags": join, "instructions": 2000}]}}}     # a task loop around both
+    by_hand = 2 * 20 + 4 * 10 + 8 * 20 + 16 * 50
+    assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(80 / 32 + by_hand / 256)
     assert cuda_estimates.attention_sum_instructions("attention_fp16", {"kernels": {}}) == 4
+    short = {"kernels": {"attention_fp16": {"loops": [l for l in fake["kernels"]["attention_fp16"]["loops"]
+                                                      if l["start"] not in (210, 190)]}}}
+    with pytest.raises(ValueError, match="join loops"):
+        cuda_estimates.attention_sum_instructions("attention_fp16", short)
     saved = cuda_estimates.attention_sum_instructions("attention_fp16")
-    assert 4 < saved < 4.6 + 16.3
+    assert 4 < saved < min(4.6 + 16.3, 2.6 + 4.75)
     doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
     attention = [r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True) if r["kernel"].startswith("attention_fp16")]
     blocks = doc["kv"] * (1024 // 64)                       # each 64-key block of each kv head: 256, over all 132 SMs
