@@ -49,9 +49,17 @@
 
 #define ATT_NEG_INF (-tl_inf())
 // launch/attention.py ATT_THREADS: a block's threads. The pass-1 kernels are declared
-// __launch_bounds__(ATT_THREADS, 4): 4 blocks an SM, at most 128 registers, which the decode's
-// bytes in flight need (cuda/README.md); ptxas fits the sums' loops in them without a spill
+// __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS): on sm_80 .. sm_90, 4 blocks an SM, at most 128
+// registers, which the decode's bytes in flight need (cuda/README.md); ptxas fits the sums'
+// loops in them without a spill. ptxas 13.0 for sm_100 and sm_120 (not compiled in CI) spends
+// about 255 registers on these kernels and spills 300 to 500 bytes under that cap, 16 or none
+// without it: there the cap is left out (2 blocks an SM)
 #define ATT_THREADS 128
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define ATT_MIN_BLOCKS 1
+#else
+#define ATT_MIN_BLOCKS 4
+#endif
 #define ATT_MERGE_BATCH 16   // chunks whose partials the merge loads at once
 #ifndef ATT_CHUNK_BLOCKS              // (tests compile S = 4 too: several blocks a chunk)
 #define ATT_CHUNK_BLOCKS 1   // S: 64-key blocks per chunk; twin and launcher keep the same CHUNK_BLOCKS
@@ -154,14 +162,19 @@ template <> struct AttTree<1> {
 // - unrolled whole, ptxas loads all 64 leaves' inputs at once (320 registers: it spilled);
 // - a loop over 8 trees of 8 joining each to the open sums of its levels (a binary counter)
 //   kept those sums in registers picked at run time: 64 moves and selects a tree, 4.75;
-// - trees of 8 here: 3.2 at 130 registers, which spill at the 128 of 4 blocks an SM;
 // - only the innermost level a loop (the others unrolled): 200 bytes of spills.
-// Trees of 4 here: 3.7 at 128 registers, no spill. 8 or 16 leaves give the same bits (tests:
-// ATT_TREE_LEAVES changes none).
+// Here (AttTreeLeaves): trees of 8 keys where the kernel fits them in the 128 registers of 4
+// blocks an SM (fp32, fp16, int8 caches: 3.1), of 4 for the int4 caches, whose staging holds
+// more (8 spilled 8 and 16 bytes there: 3.7). Any leaf count is the same tree, the same bits
+// (tests: -DATT_TREE_LEAVES, every mode at that count, changes none).
 static_assert(TL_BLOCK == 64, "att_tree64 sums a 64-key block");
-#ifndef ATT_TREE_LEAVES
-#define ATT_TREE_LEAVES 4
+template <int MODE> struct AttTreeLeaves {
+#ifdef ATT_TREE_LEAVES
+    static constexpr int value = ATT_TREE_LEAVES;
+#else
+    static constexpr int value = MODE == ATT_INT4 ? 4 : 8;
 #endif
+};
 __device__ __forceinline__ AttQuad att_quad_negative_zero() { return AttQuad{{-0.0f, -0.0f, -0.0f, -0.0f}}; }
 template <int TREES, int LEAVES> struct AttLoopTree {
     template <typename G> __device__ static __forceinline__ AttQuad sum(const G& g, const float* p, const float* v,
@@ -258,20 +271,20 @@ __device__ __forceinline__ bool att_sees_block(const int* qpos, const int* qlow,
 // Four value columns' tree over the block's 64 keys (from v, the first column's, rows `stride`
 // apart): a key's probability and one 16-byte load of its 4 values a leaf of four trees; MASKED:
 // the keys past the query's visible range (low .. pos) add 0, as the one-column tree's do.
-template <bool MASKED>
+template <bool MASKED, int LEAVES>
 __device__ __forceinline__ AttQuad att_quad_sums(const float* p, const float* v, int stride, int k0, int low, int pos) {
     const float* p0 = p;
-    return att_tree64<ATT_TREE_LEAVES>([&](const float* pb, const float* vb) {
+    return att_tree64<LEAVES>([&](const float* pb, const float* vb) {
         // the tree's probabilities 4 to a 16-byte load (p: a (query, head)'s 64, 16-byte aligned
         // as the tiles' and the queries' sizes are multiples of 4 floats where hd is)
-        float pj[ATT_TREE_LEAVES];
+        float pj[LEAVES];
 #pragma unroll
-        for (int c = 0; c < ATT_TREE_LEAVES; c += 4) {
+        for (int c = 0; c < LEAVES; c += 4) {
             const float4 p4 = *reinterpret_cast<const float4*>(pb + c);   // sass: attention-values
             pj[c] = p4.x, pj[c + 1] = p4.y, pj[c + 2] = p4.z, pj[c + 3] = p4.w;
         }
         const int j0 = MASKED ? int(pb - p0) : 0;   // the tree's first key in the block
-        return AttTree<ATT_TREE_LEAVES>::sum([&](int c) {
+        return AttTree<LEAVES>::sum([&](int c) {
             const bool in = !MASKED || (k0 + j0 + c >= low && k0 + j0 + c <= pos);
             const float4 vj = *reinterpret_cast<const float4*>(vb + c * stride);   // sass: attention-values
             return AttQuad{{in ? tl_mul(pj[c], vj.x) : 0.0f, in ? tl_mul(pj[c], vj.y) : 0.0f,
@@ -287,6 +300,7 @@ __device__ __forceinline__ void att_rescale_add4(float* acc, float corr, const A
 }
 
 // The value sums of the (query, head)s that see the whole block, 4 columns a thread, no mask.
+template <int LEAVES>
 __device__ __forceinline__ void att_values_whole(const float* ps, const float* vtile, float* part, const float* corr,
                                                  const int* skip, const int* lo, const int* hi, const int* qpos,
                                                  const int* qlow, int nq, int G, int hd, int stride, int b, int only) {
@@ -294,7 +308,7 @@ __device__ __forceinline__ void att_values_whole(const float* ps, const float* v
     for (int x = threadIdx.x; x < nq * tasks; x += blockDim.x) {
         const int i = x / tasks, o = x % tasks, h = o / per_head, w = i * G + h;
         if (!att_in(lo, hi, i, b, only) || skip[w] || !att_sees_block(qpos, qlow, i, k0)) continue;
-        const AttQuad sum = att_quad_sums<false>(ps + w * TL_BLOCK, vtile + 4 * (o - h * per_head), stride, k0, 0, 0);
+        const AttQuad sum = att_quad_sums<false, LEAVES>(ps + w * TL_BLOCK, vtile + 4 * (o - h * per_head), stride, k0, 0, 0);
         att_rescale_add4(part + i * part_size + 4 * o, corr[w], sum);
     }
 }
@@ -303,6 +317,7 @@ __device__ __forceinline__ void att_values_whole(const float* ps, const float* v
 // thread, masked), or where hd is not a multiple of 4 every (query, head)'s (a column a thread,
 // masked); then per (query, head) the sum of p (masked: all true where it sees the whole block,
 // the same sum).
+template <int LEAVES>
 __device__ __forceinline__ void att_values_rest(const float* ps, const float* vtile, float* part, const float* corr,
                                                 const int* skip, const int* lo, const int* hi, const int* qpos,
                                                 const int* qlow, int nq, int G, int hd, int stride, int b, int only,
@@ -320,7 +335,7 @@ __device__ __forceinline__ void att_values_rest(const float* ps, const float* vt
         const int low = qlow[i], pos = qpos[i];
         float* acc = part + i * part_size;
         if (columns && quads) {
-            att_rescale_add4(acc + 4 * o, corr[w], att_quad_sums<true>(p, vtile + 4 * (o - h * per_head), stride, k0, low, pos));
+            att_rescale_add4(acc + 4 * o, corr[w], att_quad_sums<true, LEAVES>(p, vtile + 4 * (o - h * per_head), stride, k0, low, pos));
         } else if (columns) {
             const float* v = vtile + (o - h * per_head);
             const float sum = AttTree<TL_BLOCK>::sum([&](int j) {
@@ -337,8 +352,9 @@ __device__ __forceinline__ void att_values_rest(const float* ps, const float* vt
 // One 64-key block b, its keys staged in ktile (and its values in vtile, or staged there by
 // stage_values once the scores are taken: one tile), for the block's queries that take part in
 // it: scores, the online softmax and the value sums, each query and head exactly as alone (the
-// twin's order). Called by every thread; ends on a barrier.
-template <class StageValues>
+// twin's order). Called by every thread; ends on a barrier. LEAVES: the value trees' keys
+// (AttTreeLeaves).
+template <int LEAVES, class StageValues>
 __device__ void att_block_step(const float* qs, const float* ktile, const float* vtile, float* ps, float* part,
                                float* corr, int* skip, const int* lo, const int* hi, const int* qpos,
                                const int* qlow, int nq, int G, int hd, int stride, int b, int only,
@@ -385,8 +401,8 @@ __device__ void att_block_step(const float* qs, const float* ktile, const float*
     // the (query, head)s that see all 64 keys of the block (every block of a query but its
     // first and last), whose trees take no mask, then the rest; the same products and sums.
     // No barrier between them: each writes its own elements of part
-    if (quads) att_values_whole(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only);
-    att_values_rest(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only, quads);
+    if (quads) att_values_whole<LEAVES>(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only);
+    att_values_rest<LEAVES>(ps, vtile, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, only, quads);
     __syncthreads();
 }
 
@@ -496,7 +512,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
                 geo.lowest = qlow[i];
                 att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector, first_sides);
                 __syncthreads();
-                att_block_step(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, i,
+                att_block_step<AttTreeLeaves<MODE>::value>(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, i,
                                stage_values);
             }
             continue;
@@ -512,7 +528,7 @@ __device__ void attention_impl(float* att_smem, const float* q, int q_stride, KV
         }
         att_stage<MODE>(keys, values, ktile, vtile, stride, plane, n_rows, hd, b, geo, vector, first_sides);
         __syncthreads();
-        att_block_step(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, -1,
+        att_block_step<AttTreeLeaves<MODE>::value>(qs, ktile, vtile, ps, part, corr, skip, lo, hi, qpos, qlow, nq, G, hd, stride, b, -1,
                        stage_values);
     }
 
@@ -566,13 +582,13 @@ extern __shared__ __align__(16) float att_smem[];
     tail_rows, tail_len, has_tail, scale, partials, max_chunks, vector, merge ? counters : nullptr, out, \
     n_queries, qb, tiles, rotation, has_rotation, table_offsets, per_token_tables
 // Kernel headers are written out (not generated by a macro): the CPU harness finds kernels in the source text.
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_fp32(const float* q, int q_stride, const float* key_data,
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_fp32(const float* q, int q_stride, const float* key_data,
                                           const float* value_data, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_FP32, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
                                     KVSide{value_data, nullptr, nullptr}, ATT_TAIL_PASS);
 }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_fp16(const float* q, int q_stride, const __half* key_data,
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_fp16(const float* q, int q_stride, const __half* key_data,
                                           const __half* value_data, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_FP16, false>(att_smem, q, q_stride, KVSide{key_data, nullptr, nullptr},
@@ -581,15 +597,15 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_fp16(cons
 #define ATT_INT_ARGS const float* q, int q_stride, const unsigned char* key_codes, const __half* key_scale, \
     const __half* key_min, const unsigned char* value_codes, const __half* value_scale, const __half* value_min
 #define ATT_INT_SIDES KVSide{key_codes, key_scale, key_min}, KVSide{value_codes, value_scale, value_min}
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int8(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_int8(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT8, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_int4(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT4, false>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS, 4) attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) attention_int4h(ATT_INT_ARGS, ATT_TAIL_ARGS) {
     tl_dependent_launch();
     attention_impl<ATT_INT4, true>(att_smem, q, q_stride, ATT_INT_SIDES, ATT_TAIL_PASS);
 }

@@ -23,6 +23,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,11 +242,19 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
 
 
 # attention.cu's value sums: a 64-key block's tree over the 4 value columns a thread takes
-# (16-byte loads where hd is a multiple of 4) runs as 64 / ATT_TREE_LEAVES trees of
-# ATT_TREE_LEAVES keys (its #define) in nested loops of two halves (att_tree64)
-ATT_TREE_LEAVES = int(re.search(r"#define ATT_TREE_LEAVES (\d+)",
-                                (ROOT / "cuda" / "attention.cu").read_text()).group(1))
-ATT_TREE_LEVELS = (64 // ATT_TREE_LEAVES).bit_length() - 1
+# (16-byte loads where hd is a multiple of 4) runs as 64 / leaves trees of `leaves` keys in
+# nested loops of two halves (att_tree64): 4 keys for the int4 caches' kernels, 8 for the others
+# (AttTreeLeaves, read from its source line)
+_LEAVES = re.search(r"static constexpr int value = MODE == ATT_INT4 \? (\d+) : (\d+);",
+                    (ROOT / "cuda" / "attention.cu").read_text())
+
+
+def att_tree_leaves(kernel: str) -> int:
+    """The keys of attention.cu's innermost value tree in `kernel` (attention_int4 and
+    attention_int4h take ATT_INT4)."""
+    return int(_LEAVES.group(1) if kernel in ("attention_int4", "attention_int4h") else _LEAVES.group(2))
+
+
 ATT_VALUE_COLUMNS = 4
 # the arithmetic alone (a multiply and an add for a score's element, and again for a value's):
 # the figure where the machine code has no tagged loops for the sums
@@ -257,8 +266,9 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
     from the machine code: the scores' dot product (the innermost tagged attention-scores loop
     with the most float operations: its unrolled body, a multiply and an add an element) plus
     the value sums, att_quad_sums' unmasked tree of the blocks a query sees whole: the cheapest
-    innermost tagged attention-values loop (a tree of ATT_TREE_LEAVES keys) and the
-    ATT_TREE_LEVELS - 1 attention-values-join loops around it, each a loop of two halves, so a
+    innermost tagged attention-values loop (a tree of att_tree_leaves(kernel) keys) and the
+    levels - 1 attention-values-join loops around it (64 / leaves = 2^levels trees), each a
+    loop of two halves, so a
     64-key block runs level k (0 the outermost) 2^(k+1) times its own instructions (less the
     loop inside). The masked tree of a query's last block and each score's and task's index
     arithmetic, under 4 % of a 1k-context sum, are not counted. Every model here has hd a
@@ -276,40 +286,54 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
         return ATT_SUM_ARITHMETIC
     dot = max(scores, key=lambda l: l["float_ops"])
     tree = min(trees, key=lambda l: l["instructions"])
+    leaves = att_tree_leaves(kernel)
+    levels = (64 // leaves).bit_length() - 1
     joins = sorted((l for l in loops if "attention-values-join" in l["tags"] and inside(tree, l)),
-                   key=lambda l: l["end"] - l["start"])[:ATT_TREE_LEVELS - 1]
-    if len(joins) < ATT_TREE_LEVELS - 1:
+                   key=lambda l: l["end"] - l["start"])[:levels - 1]
+    if len(joins) < levels - 1:
         raise ValueError(f"{kernel}: {len(joins)} attention-values-join loops around the tree, "
-                         f"not the {ATT_TREE_LEVELS - 1} of {64 // ATT_TREE_LEAVES} trees")
+                         f"not the {levels - 1} of {64 // leaves} trees")
     chain = joins[::-1] + [tree]                                  # outermost first
+    # each level adds its two halves, one add a lane more than the level inside it: a loop
+    # around the chain that carries the tag (a task loop) or an unrolled level shows here
+    for outer, inner in zip(chain, chain[1:]):
+        if outer.get("float_ops", 0) - inner.get("float_ops", 0) != ATT_VALUE_COLUMNS:
+            raise ValueError(f"{kernel}: the values loop at {outer['start']} adds {outer.get('float_ops', 0)} "
+                             f"float operations around {inner.get('float_ops', 0)}: not a level of two halves")
     issued = sum(2 ** (k + 1) * (level["instructions"] - (chain[k + 1]["instructions"] if k + 1 < len(chain) else 0))
                  for k, level in enumerate(chain))
     return dot["instructions"] / (dot["float_ops"] / 2) + issued / (64 * ATT_VALUE_COLUMNS)
 
 
-def mma_edge_passes(n_in: int, n_out: int, rows: int) -> int:
-    """The edge loop's passes a thread makes in the busiest block of a linear_mma call
-    (linear_mma.cu mma_stage_edge_items, in every batch the block stages: for each of its parts,
-    the items of 8 columns with a column past in_features, a (row, item) a thread a pass over the
-    block's threads), the weight's stored columns taken as n_in. 0 where in_features fills every
-    part's items."""
+class EdgeStaging(NamedTuple):
+    passes: int          # the edge loop's passes a thread makes
+    items: int           # the edge items (8 columns each) of a row, over the block's parts and batches
+
+
+def mma_edge_staging(n_in: int, n_out: int, rows: int) -> EdgeStaging:
+    """The edge loop of the busiest block of a linear_mma call (linear_mma.cu
+    mma_stage_edge_items, in every batch the block stages: for each of its parts, the items of 8
+    columns with a column past in_features, a (row, item) a thread a pass over the block's
+    threads; the whole-items loop skips them), the weight's stored columns taken as n_in.
+    (0, 0) where in_features fills every part's items."""
     L = linear_launch
     split_k = L.mma_split_k(n_in, n_out)
     splits = -(-n_in // split_k)
     parts = L.mma_parts(splits, rows)
     tile_rows = min(rows, L.MMA_TILE_ROWS)
-    worst = 0
+    worst = EdgeStaging(0, 0)
     for first_split in range(0, splits, parts):
         block_parts = min(parts, splits - first_split)
         lead_chunks = -(-min(split_k, n_in - first_split * split_k) // L.MMA_CHUNK)
-        passes = 0
+        passes = items_past = 0
         for batch in range(-(-lead_chunks // L.MMA_MAX_CHUNKS)):
             kb = first_split * split_k + batch * L.MMA_MAX_CHUNKS * L.MMA_CHUNK
             items = min(lead_chunks - batch * L.MMA_MAX_CHUNKS, L.MMA_MAX_CHUNKS) * (L.MMA_CHUNK // 8)
             for p in range(block_parts):
-                edge_items = items - max(0, (n_in - (kb + p * split_k)) // 8)
-                passes += -(-tile_rows * max(0, edge_items) // L.MMA_THREADS)
-        worst = max(worst, passes)
+                edge_items = max(0, items - max(0, (n_in - (kb + p * split_k)) // 8))
+                passes += -(-tile_rows * edge_items // L.MMA_THREADS)
+                items_past += edge_items
+        worst = max(worst, EdgeStaging(passes, items_past))
     return worst
 
 
@@ -350,7 +374,7 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     # a pass; x float with its rows 16-byte aligned, as the backend's buffers are: the checked
     # loop takes misaligned ones), over the block's parts with columns (3 of 4 for 3 splits;
     # the checked loop stages all 4), and its edge loop (the items with a column past
-    # in_features, a row a pass: mma_edge_passes; none for doc-407m's widths, 3 passes at 16 rows
+    # in_features, a row a pass, which the whole-items loop skips: mma_edge_staging; none for doc-407m's widths, 3 passes at 16 rows
     # for SmolLM2's 576 inputs, 24 of the last part's 32 items). The batch loop's body holds
     # every staging loop once: the products are the body less those, and the staging its passes
     # of the loops it runs.
@@ -368,12 +392,12 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if two_rows else tile_rows
     staged_parts = min(parts, splits) if two_rows else parts
     edge = [l for l in loops if l["tags"] == ["linear-mma-stage-edge"]]
-    edge_s = (min(l["instructions"] for l in edge) * mma_edge_passes(n_in, n_out, rows)
-              if two_rows and edge else 0)
+    edges = mma_edge_staging(n_in, n_out, rows) if two_rows and edge else EdgeStaging(0, 0)
+    whole_items = chunks * (linear_launch.MMA_CHUNK // 8) * staged_parts - edges.items
     instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
                     / linear_launch.MMA_MAX_CHUNKS
-                    + chunks * stage_pass * passes_rows * (linear_launch.MMA_CHUNK // 8) * staged_parts
-                    / linear_launch.MMA_THREADS + edge_s)
+                    + stage_pass * passes_rows * whole_items / linear_launch.MMA_THREADS
+                    + (min(l["instructions"] for l in edge) * edges.passes if edges.passes else 0))
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
     # the warps with a split (3 splits on 4 parts leave a warp of each block idle), and of an

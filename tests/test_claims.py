@@ -32,7 +32,10 @@ from tinyloop.model.loader import load_model
 from tinyloop.model.testmodels import make_test_model
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-WAIT_S = 30
+# the most a wait for a state (the model loaded, a setting applied) may take before it fails: a
+# hang's bound, not a speed claim. 30 s was seen to run out loading the model (its kernels
+# compiling) beside two busy test workers on 2 cores
+WAIT_S = 180
 
 
 

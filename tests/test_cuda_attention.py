@@ -143,25 +143,28 @@ def test_attention_equals_twin_and_approximates_cpu(kernel_device, mode, head_di
     np.testing.assert_allclose(got, cpu_attention(kv, q, 1, plan, scale), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("leaves", [8, 16])
-@pytest.mark.parametrize("mode", ["fp16", "int8"])
+@pytest.mark.parametrize("mode, leaves", [("fp16", 4), ("fp32", 4), ("int8", 4), ("int4", 8), ("int4-h", 8),
+                                         ("fp16", 16), ("int4", 16)])
 def test_the_value_trees_leaves_change_no_bit(kernel_device, monkeypatch, mode, leaves):
-    """att_tree64 sums a 64-key block's values as trees of ATT_TREE_LEAVES keys in nested loops
-    of two halves (each loop's sum from -0); any leaf count is the same adjacent pairwise tree,
-    so the kernel compiled with 8 or 16 leaves gives the shipped kernel's bits, the twin's:
-    16 queries over 4 blocks (the masked passes of their last block, the whole blocks before)
-    and a query alone at a block's last key."""
+    """att_tree64 sums a 64-key block's values as trees of AttTreeLeaves keys (8, or 4 for the
+    int4 caches) in nested loops of two halves (each loop's sum from -0); any leaf count is the
+    same adjacent pairwise tree, so the kernel compiled with -DATT_TREE_LEAVES (every mode at
+    that count) gives the shipped kernel's bits, the twin's: 16 queries over 4 blocks (the
+    masked passes of their last block, the whole blocks before), a query alone at a block's
+    last key (whole blocks only), and 16 queries under a 100-key window (masked at both ends:
+    keys below the window in a tree past the block's first)."""
     kv = host_cache(mode, 2, 32, 256, seed=leaves)
     rng = np.random.default_rng(leaves + 1)
-    for n_queries, last in ((16, 200), (1, 191)):
+    for n_queries, last, window in ((16, 200, 0), (1, 191, 0), (16, 220, 100)):
         q = rng.standard_normal((n_queries, 4, 32)).astype(F)
         positions = np.arange(last - n_queries + 1, last + 1)
-        shipped = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions)
+        shipped = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions, window)
         monkeypatch.setattr(sys.modules[__name__], "ATT_OPTIONS", (f"-DATT_TREE_LEAVES={leaves}",))
-        other = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions)
+        other = kernel(kernel_device, on_device(kernel_device, kv), q, 1, positions, window)
         monkeypatch.setattr(sys.modules[__name__], "ATT_OPTIONS", ())
         assert bits_equal(other, shipped)
-        assert bits_equal(shipped, twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, scale=0.125))
+        assert bits_equal(shipped, twin.attention(mode, q, kv.keys, kv.values, kv.table[1], positions, window, 0,
+                                                  scale=0.125))
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int8", "int4-h"])
@@ -311,12 +314,13 @@ def test_chunk_size_is_one_constant():
 
 
 def test_the_launchers_threads_are_the_kernels_bound():
-    """The pass-1 kernels are declared __launch_bounds__(ATT_THREADS, 4) (128 registers: 4
-    blocks an SM); a launch of more threads than ATT_THREADS fails on a GPU, so the launcher's
-    block is the kernel's bound."""
+    """The pass-1 kernels are declared __launch_bounds__(ATT_THREADS, ATT_MIN_BLOCKS) (4 on
+    sm_80 .. sm_90: 128 registers, 4 blocks an SM); a launch of more threads than ATT_THREADS
+    fails on a GPU, so the launcher's block is the kernel's bound."""
     source = (Path(__file__).resolve().parents[1] / "cuda" / "attention.cu").read_text()
     assert int(re.search(r"#define ATT_THREADS (\d+)", source).group(1)) == launch.ATT_THREADS
-    bounded = re.findall(r"__global__ void __launch_bounds__\(ATT_THREADS, 4\) (attention_\w+)\(", source)
+    assert re.search(r"#else\n#define ATT_MIN_BLOCKS 4\n#endif", source)
+    bounded = re.findall(r"__global__ void __launch_bounds__\(ATT_THREADS, ATT_MIN_BLOCKS\) (attention_\w+)\(", source)
     assert sorted(bounded) == sorted(f"attention_{m.replace('-', '')}" for m in MODES)
 
 

@@ -131,8 +131,8 @@ def mma_loops(loops):
 def test_the_staging_runs_two_rows_a_pass():
     """A float x's batch runs the whole-items loop, a pair of rows (r, r + 8) a pass: doc-407m's
     weights, and SmolLM2's 576 inputs (3 splits of 256, the last 64: its 24 edge items past
-    in_features a row a pass in the edge loop, 16 x 24 over 128 threads, 3 passes at 16 rows
-    and 1 at one). Worked from the machine code at 16 rows and 1 (one row a pass at one row):
+    in_features, which the whole-items loop skips, a row a pass in the edge loop, 16 x 24 over
+    128 threads, 3 passes at 16 rows and 1 at one). Worked from the machine code at 16 rows and 1 (one row a pass at one row):
     the products are the batch loop less its three staging loops, and the whole-items loop
     takes fewer instructions a pass than half the checked loop's."""
     loops = cuda_estimates.sass_loops.read_saved()["kernels"]["linear_mma_int4"]["loops"]
@@ -141,21 +141,23 @@ def test_the_staging_runs_two_rows_a_pass():
     assert whole["widths"].get("16", 0) == 4 and whole["shared_stores"] == 2
     products = body["instructions"] - whole["instructions"] - edge["instructions"] - checked["instructions"]
 
-    def expected(n_in, n_out, rows, stage, passes_rows, edge_passes):
+    def expected(n_in, n_out, rows, stage, passes_rows, edge_passes, edge_items):
         split_k = cuda_estimates.linear_launch.mma_split_k(n_in, n_out)
         chunks = split_k // 128
         splits = -(-n_in // split_k)
         parts = min(cuda_estimates.linear_launch.mma_parts(splits, rows), splits)   # 3 splits: 3 of 4 parts staged
-        return (products * chunks / 4 + chunks * stage * passes_rows * 16 * parts / 128
+        return (products * chunks / 4 + stage * passes_rows * (chunks * 16 * parts - edge_items) / 128
                 + edge_passes * edge["instructions"])
 
-    for n_in, n_out, stage, pair, edges in ((2048, 6144, whole, True, (0, 0)), (8192, 2048, whole, True, (0, 0)),
-                                            (576, 960, whole, True, (1, 3))):
-        for rows, edge_passes in zip((1, 16), edges):
-            assert cuda_estimates.mma_edge_passes(n_in, n_out, rows) == edge_passes
+    # (passes, items) of the edge loop at 1 row and at 16: SmolLM2's last part's 24 edge items
+    for n_in, n_out, stage, pair, edges in ((2048, 6144, whole, True, ((0, 0), (0, 0))),
+                                            (8192, 2048, whole, True, ((0, 0), (0, 0))),
+                                            (576, 960, whole, True, ((1, 24), (3, 24)))):
+        for rows, (edge_passes, edge_items) in zip((1, 16), edges):
+            assert tuple(cuda_estimates.mma_edge_staging(n_in, n_out, rows)) == (edge_passes, edge_items)
             call = cuda_estimates.mma_call(n_in, n_out, rows)
             instructions = expected(n_in, n_out, rows, stage["instructions"], min(rows, 8) if pair else rows,
-                                    edge_passes)
+                                    edge_passes, edge_items)
             # issue = 4 x clock x 32 x bytes a lane / instructions / BW_SM: instructions from it
             bytes_lane = cuda_estimates.linear_launch.mma_split_k(n_in, n_out) // 128 * 2 * 20
             got = (cuda_estimates.ISSUE_PER_SM * cuda_estimates.SM_CLOCK_HZ * 32 * bytes_lane
@@ -164,7 +166,7 @@ def test_the_staging_runs_two_rows_a_pass():
 
 
 def test_the_edge_loops_passes_in_the_busiest_block():
-    """mma_edge_passes, worked by hand from linear_mma.cu's loops: 700 inputs into 64 outputs
+    """mma_edge_staging (passes, edge items), worked by hand from linear_mma.cu's loops: 700 inputs into 64 outputs
     split as 3 splits of 256 (4 parts, 3 staged); the last part's 32 items from column 512, of
     which 188 // 8 = 23 lie before in_features: 9 edge items, 16 x 9 = 144 (row, item)s over 128
     threads: 2 passes at 16 rows, 1 at one row. Past 16 rows (a block a split, a tile of 16 rows
@@ -172,12 +174,12 @@ def test_the_edge_loops_passes_in_the_busiest_block():
     not part 0's two), columns 512 .. 639, 8 edge items, 16 x 8 = 128: 1 pass a tile.
     Widths that fill every item: none."""
     assert cuda_estimates.linear_launch.mma_split_k(700, 64) == 256
-    assert cuda_estimates.mma_edge_passes(700, 64, 16) == 2
-    assert cuda_estimates.mma_edge_passes(700, 64, 1) == 1
+    assert tuple(cuda_estimates.mma_edge_staging(700, 64, 16)) == (2, 9)
+    assert tuple(cuda_estimates.mma_edge_staging(700, 64, 1)) == (1, 9)
     assert cuda_estimates.linear_launch.mma_parts(3, 32) == 1
-    assert cuda_estimates.mma_edge_passes(576, 960, 32) == 1
-    assert cuda_estimates.mma_edge_passes(2048, 6144, 16) == 0
-    assert cuda_estimates.mma_edge_passes(768, 64, 16) == 0
+    assert tuple(cuda_estimates.mma_edge_staging(576, 960, 32)) == (1, 8)
+    assert tuple(cuda_estimates.mma_edge_staging(2048, 6144, 16)) == (0, 0)
+    assert tuple(cuda_estimates.mma_edge_staging(768, 64, 16)) == (0, 0)
 
 
 def test_a_blocks_parts_cost_no_round_trip_and_multiply_the_staging(monkeypatch):
@@ -385,38 +387,49 @@ def test_attention_sums_cost_the_machine_codes_instructions():
     """A verify's attention is bound by its sums: per (query, head, key, d) element, the score's
     instructions (the innermost tagged scores loop with the most float operations, a multiply and
     an add an element) plus the value's: the unmasked tree (the cheapest innermost tagged values
-    loop, ATT_TREE_LEAVES keys of 4 columns) and the join loops of two halves around it, level k
-    from the outermost run 2^(k+1) times a 64-key block. Worked by hand on a fake machine code
-    (the committed 4 leaves: 16 trees, 4 levels); without tagged loops the arithmetic alone (4);
-    too few join loops around the tree, an error. The committed machine code lies between that
-    and the kernel's before its 16-byte sums (4.6 + 16.3, read from its SASS), below the 2.6 +
-    4.75 of its binary-counter tree. The 16-row step's attention takes that many instructions
-    over the SMs its blocks occupy."""
-    leaves = cuda_estimates.ATT_TREE_LEAVES
-    assert leaves == 4 and cuda_estimates.ATT_TREE_LEVELS == 4
+    loop, a tree of att_tree_leaves keys of 4 columns) and the join loops of two halves around it,
+    level k from the outermost run 2^(k+1) times a 64-key block. Worked by hand on a fake machine
+    code: trees of 8 (fp16: 8 trees, 3 levels) and of 4 (int4: 16 trees, 4 levels); without
+    tagged loops the arithmetic alone (4); too few join loops around the tree, or a loop among
+    them that is not a level (one add a lane more than the level inside), an error. The
+    committed machine code lies between that and the kernel's before its 16-byte sums (4.6 +
+    16.3, read from its SASS), below the 2.6 + 4.75 of its binary-counter tree, the trees of 8
+    below those of 4. The 16-row step's attention takes that many instructions over the SMs its
+    blocks occupy."""
+    assert [cuda_estimates.att_tree_leaves(k) for k in ("attention_fp32", "attention_fp16", "attention_int8",
+                                                        "attention_int4", "attention_int4h")] == [8, 8, 8, 4, 4]
     join, values = ["attention-values-join", "attention-values"], ["attention-values"]
-    fake = {"kernels": {"attention_fp16": {"loops": [
+    scores = [
         {"start": 0, "end": 100, "tags": ["attention-scores"], "instructions": 500, "float_ops": 300},  # holds the next two
         {"start": 10, "end": 20, "tags": ["attention-scores"], "instructions": 80, "float_ops": 64},
-        {"start": 30, "end": 40, "tags": ["attention-scores"], "instructions": 30, "float_ops": 16},
-        {"start": 200, "end": 300, "tags": join, "instructions": 100},          # the unmasked chain, outermost first
-        {"start": 210, "end": 290, "tags": join, "instructions": 80},
-        {"start": 220, "end": 280, "tags": join, "instructions": 70},
-        {"start": 230, "end": 270, "tags": values, "instructions": 50},
-        {"start": 400, "end": 500, "tags": join, "instructions": 150},          # the masked one
-        {"start": 410, "end": 490, "tags": join, "instructions": 130},
-        {"start": 420, "end": 480, "tags": join, "instructions": 110},
-        {"start": 430, "end": 470, "tags": values, "instructions": 90},
-        {"start": 190, "end": 600, "tags": join, "instructions": 2000}]}}}     # a task loop around both
-    by_hand = 2 * 20 + 4 * 10 + 8 * 20 + 16 * 50
-    assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(80 / 32 + by_hand / 256)
+        {"start": 30, "end": 40, "tags": ["attention-scores"], "instructions": 30, "float_ops": 16}]
+    four = [  # each level one add a lane (4 float operations) more than the level inside it
+        {"start": 200, "end": 300, "tags": join, "instructions": 100, "float_ops": 44},   # the unmasked chain, outermost first
+        {"start": 210, "end": 290, "tags": join, "instructions": 80, "float_ops": 40},
+        {"start": 220, "end": 280, "tags": join, "instructions": 70, "float_ops": 36},
+        {"start": 230, "end": 270, "tags": values, "instructions": 50, "float_ops": 32},
+        {"start": 400, "end": 500, "tags": join, "instructions": 150, "float_ops": 44},   # the masked one
+        {"start": 410, "end": 490, "tags": join, "instructions": 130, "float_ops": 40},
+        {"start": 420, "end": 480, "tags": join, "instructions": 110, "float_ops": 36},
+        {"start": 430, "end": 470, "tags": values, "instructions": 90, "float_ops": 32},
+        {"start": 190, "end": 600, "tags": join, "instructions": 2000, "float_ops": 500}]  # a task loop around both
+    eight = [{**l, "tags": values} if l["start"] in (220, 420) else l         # the tree one level up
+             for l in four if l["start"] not in (230, 430)]
+    fake = {"kernels": {"attention_int4": {"loops": scores + four}, "attention_fp16": {"loops": scores + eight}}}
+    assert cuda_estimates.attention_sum_instructions("attention_int4", fake) == pytest.approx(
+        80 / 32 + (2 * 20 + 4 * 10 + 8 * 20 + 16 * 50) / 256)
+    assert cuda_estimates.attention_sum_instructions("attention_fp16", fake) == pytest.approx(
+        80 / 32 + (2 * 20 + 4 * 10 + 8 * 70) / 256)
     assert cuda_estimates.attention_sum_instructions("attention_fp16", {"kernels": {}}) == 4
-    short = {"kernels": {"attention_fp16": {"loops": [l for l in fake["kernels"]["attention_fp16"]["loops"]
-                                                      if l["start"] not in (210, 190)]}}}
+    short = {"kernels": {"attention_int4": {"loops": [l for l in scores + four if l["start"] not in (210, 190)]}}}
     with pytest.raises(ValueError, match="join loops"):
-        cuda_estimates.attention_sum_instructions("attention_fp16", short)
+        cuda_estimates.attention_sum_instructions("attention_int4", short)
+    # a level unrolled: the task loop around the chain would be taken for the outermost level
+    unrolled = {"kernels": {"attention_int4": {"loops": [l for l in scores + four if l["start"] != 210]}}}
+    with pytest.raises(ValueError, match="not a level of two halves"):
+        cuda_estimates.attention_sum_instructions("attention_int4", unrolled)
     saved = cuda_estimates.attention_sum_instructions("attention_fp16")
-    assert 4 < saved < min(4.6 + 16.3, 2.6 + 4.75)
+    assert 4 < saved < cuda_estimates.attention_sum_instructions("attention_int4") < min(4.6 + 16.3, 2.6 + 4.75)
     doc = cuda_estimates.SHAPES["doc-407m (8 loops)"]
     attention = [r for r in cuda_estimates.latency_rows(doc, rows=16, mma=True) if r["kernel"].startswith("attention_fp16")]
     blocks = doc["kv"] * (1024 // 64)                       # each 64-key block of each kv head: 256, over all 132 SMs
