@@ -152,7 +152,11 @@ def test_the_value_trees_leaves_change_no_bit(kernel_device, monkeypatch, mode, 
     that count) gives the shipped kernel's bits, the twin's: 16 queries over 4 blocks (the
     masked passes of their last block, the whole blocks before), a query alone at a block's
     last key (whole blocks only), and 16 queries under a 100-key window (masked at both ends:
-    keys below the window in a tree past the block's first)."""
+    keys below the window in a tree past the block's first). On the CPU harness only: the tree
+    is the source's, and on a GPU each leaf count is another NVRTC build of attention.cu
+    (about 45 s here), three more than gpu_check.sh's 80-second kernels stage can hold."""
+    if kernel_device.name == "cuda":
+        pytest.skip("the tree's order is the source's, checked on the harness; a GPU build a leaf count")
     kv = host_cache(mode, 2, 32, 256, seed=leaves)
     rng = np.random.default_rng(leaves + 1)
     for n_queries, last, window in ((16, 200, 0), (1, 191, 0), (16, 220, 100)):
