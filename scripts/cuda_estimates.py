@@ -247,6 +247,8 @@ def hot_loop(kernel: str, rows: int = 1, sass: dict | None = None) -> LoopFigure
 # (AttTreeLeaves, read from its source line)
 _LEAVES = re.search(r"static constexpr int value = MODE == ATT_INT4 \? (\d+) : (\d+);",
                     (ROOT / "cuda" / "attention.cu").read_text())
+if _LEAVES is None:
+    raise RuntimeError("cuda/attention.cu: AttTreeLeaves' line (value = MODE == ATT_INT4 ? a : b;) not found")
 
 
 def att_tree_leaves(kernel: str) -> int:
@@ -268,9 +270,8 @@ def attention_sum_instructions(kernel: str, sass: dict | None = None) -> float:
     the value sums, att_quad_sums' unmasked tree of the blocks a query sees whole: the cheapest
     innermost tagged attention-values loop (a tree of att_tree_leaves(kernel) keys) and the
     levels - 1 attention-values-join loops around it (64 / leaves = 2^levels trees), each a
-    loop of two halves, so a
-    64-key block runs level k (0 the outermost) 2^(k+1) times its own instructions (less the
-    loop inside). The masked tree of a query's last block and each score's and task's index
+    loop of two halves, so a 64-key block runs level k (0 the outermost) 2^(k+1) times its own
+    instructions (less the loop inside). The masked tree of a query's last block and each score's and task's index
     arithmetic, under 4 % of a 1k-context sum, are not counted. Every model here has hd a
     multiple of 4; a head size that is not (the sums a column at a time, masked) would cost
     more than this."""
@@ -374,8 +375,9 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     # a pass; x float with its rows 16-byte aligned, as the backend's buffers are: the checked
     # loop takes misaligned ones), over the block's parts with columns (3 of 4 for 3 splits;
     # the checked loop stages all 4), and its edge loop (the items with a column past
-    # in_features, a row a pass, which the whole-items loop skips: mma_edge_staging; none for doc-407m's widths, 3 passes at 16 rows
-    # for SmolLM2's 576 inputs, 24 of the last part's 32 items). The batch loop's body holds
+    # in_features, a row a pass, which the whole-items loop skips: mma_edge_staging; none for
+    # doc-407m's widths, 3 passes at 16 rows for SmolLM2's 576 inputs, 24 of the last part's 32
+    # items). The batch loop's body holds
     # every staging loop once: the products are the body less those, and the staging its passes
     # of the loops it runs.
     staging_tags = (["linear-mma-norm"],) if norm else (["linear-mma-stage"], ["linear-mma-stage-checked"],
@@ -391,13 +393,13 @@ def mma_call(n_in: int, n_out: int, rows: int, sass: dict | None = None, norm: s
     tile_rows = min(rows, linear_launch.MMA_TILE_ROWS)
     passes_rows = min(tile_rows, linear_launch.MMA_TILE_ROWS // 2) if two_rows else tile_rows
     staged_parts = min(parts, splits) if two_rows else parts
-    edge = [l for l in loops if l["tags"] == ["linear-mma-stage-edge"]]
-    edges = mma_edge_staging(n_in, n_out, rows) if two_rows and edge else EdgeStaging(0, 0)
+    edge_pass = min((l["instructions"] for l in loops if l["tags"] == ["linear-mma-stage-edge"]), default=0)
+    edges = mma_edge_staging(n_in, n_out, rows) if two_rows else EdgeStaging(0, 0)
     whole_items = chunks * (linear_launch.MMA_CHUNK // 8) * staged_parts - edges.items
     instructions = ((body["instructions"] - sum(l["instructions"] for l in nested)) * chunks
                     / linear_launch.MMA_MAX_CHUNKS
                     + stage_pass * passes_rows * whole_items / linear_launch.MMA_THREADS
-                    + (min(l["instructions"] for l in edge) * edges.passes if edges.passes else 0))
+                    + edge_pass * edges.passes)
     loop = LoopFigures(round(instructions), chunks * 2 * (16 + 2 + 2), max(1, -(-batches // 2)))
     tiles = -(-rows // linear_launch.MMA_TILE_ROWS)
     # the warps with a split (3 splits on 4 parts leave a warp of each block idle), and of an
